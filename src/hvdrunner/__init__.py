@@ -1,1 +1,23 @@
-"""hvdrunner."""
+"""hvdrunner: data-parallel deep learning with Horovod over Spark barrier tasks.
+
+Example:
+    >>> from hvdrunner import HorovodRunner
+    >>> HorovodRunner(np=2).run(train, learning_rate=0.01)  # doctest: +SKIP
+"""
+
+from hvdrunner._logging import log_to_driver
+from hvdrunner.distributed import is_rank0, on_rank0, rank0_first
+from hvdrunner.errors import HorovodRunnerError
+from hvdrunner.runner import HorovodRunner
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "HorovodRunner",
+    "HorovodRunnerError",
+    "is_rank0",
+    "log_to_driver",
+    "on_rank0",
+    "rank0_first",
+    "__version__",
+]

@@ -1,0 +1,256 @@
+"""Driver side of a job: authenticated service, rank assignment, log relay, verdict.
+
+One :class:`DriverService` per ``HorovodRunner.run()``. Supervisors connect, register with
+their partition and host, and receive their Horovod environment once all ``np`` are in.
+The main thread then consumes their events in :meth:`DriverService.wait` until every rank
+exited cleanly (returns rank 0's value) or one failed (aborts the rest, raises).
+"""
+
+from __future__ import annotations
+
+import queue
+import socket
+import sys
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+import cloudpickle
+from horovod.runner.common.util.hosts import HostInfo, get_host_assignments
+from horovod.runner.gloo_run import create_slot_env_vars
+from horovod.runner.http.http_server import RendezvousServer
+
+from hvdrunner._launch import protocol
+from hvdrunner.errors import HorovodRunnerError
+
+#: How long aborted ranks get to report back before ``run()`` raises anyway.
+ABORT_WAIT_S = 10.0
+
+
+class _Conn:
+    def __init__(self, cid: int, channel: protocol.Channel) -> None:
+        self.cid = cid
+        self.channel = channel
+        self.partition: int | None = None
+        self.host: str | None = None
+        self.rank: int | None = None
+        self.exited = False
+
+
+class DriverService:
+    """Accepts supervisors, hands out ranks and turns their reports into one verdict."""
+
+    def __init__(self, np: int, key: bytes, rendezvous_addr: str, bind: str = "0.0.0.0") -> None:
+        self.np = np
+        self._key = key
+        self._rendezvous_addr = rendezvous_addr
+        self._events: queue.Queue[tuple[int, str, Any]] = queue.Queue()
+        self._conns: dict[int, _Conn] = {}
+        self._lock = threading.Lock()
+        self._sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        self._sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        self._sock.bind((bind, 0))
+        self._sock.listen(max(16, 2 * np))
+        self.port: int = self._sock.getsockname()[1]
+        self._closed = threading.Event()
+        self._rendezvous: RendezvousServer | None = None
+        threading.Thread(target=self._accept_loop, name="hvdrunner-accept", daemon=True).start()
+
+    # -- network -------------------------------------------------------------------------
+    def _accept_loop(self) -> None:
+        cid = 0
+        while not self._closed.is_set():
+            try:
+                sock, _ = self._sock.accept()
+            except OSError:
+                return
+            cid += 1
+            threading.Thread(target=self._serve, args=(cid, sock), daemon=True).start()
+
+    def _serve(self, cid: int, sock: socket.socket) -> None:
+        sock.settimeout(30)
+        try:
+            protocol.server_handshake(sock, self._key)
+        except (protocol.ProtocolError, OSError):
+            sock.close()  # not one of ours: drop silently, never unpickle its bytes
+            return
+        sock.settimeout(None)
+        conn = _Conn(cid, protocol.Channel(sock))
+        with self._lock:
+            self._conns[cid] = conn
+        try:
+            while True:
+                kind, payload = conn.channel.recv()
+                self._events.put((cid, kind, payload))
+        except (protocol.ProtocolError, OSError, EOFError):
+            self._events.put((cid, "disconnect", None))
+
+    def close(self) -> None:
+        """Stop listening, drop every connection and stop the rendezvous server."""
+        self._closed.set()
+        try:
+            self._sock.close()
+        except OSError:
+            pass
+        with self._lock:
+            conns = list(self._conns.values())
+        for conn in conns:
+            conn.channel.close()
+        if self._rendezvous is not None:
+            self._rendezvous.stop()
+            self._rendezvous = None
+
+    # -- rank assignment -----------------------------------------------------------------
+    def _assign(self, registered: list[_Conn]) -> None:
+        # Hosts in order of their lowest partition; a host's partitions get contiguous ranks.
+        registered.sort(key=lambda c: c.partition if c.partition is not None else 0)
+        by_host: dict[str, list[_Conn]] = {}
+        for conn in registered:
+            by_host.setdefault(str(conn.host), []).append(conn)
+        hosts = [HostInfo(h, len(cs)) for h, cs in by_host.items()]
+        plan = get_host_assignments(hosts, self.np)
+        rendezvous = RendezvousServer()
+        rendezvous_port = rendezvous.start()
+        rendezvous.init(plan)
+        self._rendezvous = rendezvous
+        slots = iter(plan)
+        for cs in by_host.values():
+            for conn in cs:
+                slot = next(slots)
+                conn.rank = slot.rank
+                env = create_slot_env_vars(slot)
+                env.update(
+                    {
+                        "HOROVOD_GLOO_RENDEZVOUS_ADDR": self._rendezvous_addr,
+                        "HOROVOD_GLOO_RENDEZVOUS_PORT": str(rendezvous_port),
+                        "HOROVOD_CONTROLLER": "gloo",
+                        "HOROVOD_CPU_OPERATIONS": "gloo",
+                    }
+                )
+                conn.channel.send("assign", env)
+
+    def _abort_all(self) -> None:
+        with self._lock:
+            conns = list(self._conns.values())
+        for conn in conns:
+            try:
+                conn.channel.send("abort", None)
+            except OSError:
+                pass
+
+    # -- the verdict ---------------------------------------------------------------------
+    def wait(
+        self,
+        start_timeout: float,
+        job_error: Callable[[], BaseException | None],
+        on_line: Callable[[str], None] | None = None,
+    ) -> Any:
+        """Consume events until success (returns rank 0's value) or failure (raises).
+
+        Args:
+            start_timeout: seconds for all ``np`` ranks to register.
+            job_error: returns the launch backend's error (e.g. the Spark job failed), if any.
+            on_line: where driver-side output goes; default prints to the current stdout.
+        """
+        emit = on_line or (lambda text: print(text, file=sys.stdout, flush=True))
+        deadline = time.monotonic() + start_timeout
+        registered: list[_Conn] = []
+        assigned = False
+        exits: dict[int, dict[str, Any]] = {}
+        result: bytes | None = None
+        failure: HorovodRunnerError | None = None
+        while len(exits) < self.np and failure is None:
+            try:
+                cid, kind, payload = self._events.get(timeout=0.2)
+            except queue.Empty:
+                err = job_error()
+                if err is not None:
+                    failure = HorovodRunnerError(
+                        f"The launch backend failed before all ranks finished: "
+                        f"{type(err).__name__}: {err}"
+                    )
+                elif not assigned and time.monotonic() > deadline:
+                    failure = HorovodRunnerError(
+                        f"Only {len(registered)} of np={self.np} ranks started within "
+                        f"start_timeout={start_timeout:g}s. The cluster probably has no "
+                        f"{self.np} free task slots at once (other jobs, or executors still "
+                        f"starting). Free slots, lower np, or raise start_timeout."
+                    )
+                continue
+            with self._lock:
+                conn = self._conns.get(cid)
+            if conn is None:
+                continue
+            if kind == "register":
+                conn.partition, conn.host = payload["partition"], payload["host"]
+                registered.append(conn)
+                if len(registered) == self.np:
+                    self._assign(registered)
+                    assigned = True
+            elif kind == "line":
+                rank, stream, text = payload
+                emit(f"[{rank}]<{stream}>: {text}")
+            elif kind == "log":
+                rank, text = payload
+                emit(f"[{rank}] {text}")
+            elif kind == "result":
+                result = payload[1]
+            elif kind == "exit":
+                conn.exited = True
+                exits[payload["rank"]] = payload
+                if payload["code"] != 0 and not payload["aborted"]:
+                    failure = _rank_failure(payload)
+            elif kind == "disconnect" and not conn.exited and conn.rank is not None:
+                failure = HorovodRunnerError(
+                    f"Lost contact with rank {conn.rank} on host {conn.host} before it "
+                    f"finished: its Spark task or executor died (see the executor's log).",
+                    rank=conn.rank,
+                )
+        if failure is not None:
+            self._abort_all()
+            self._drain_exits(exits, emit)
+            raise failure
+        if result is None:
+            raise HorovodRunnerError("Rank 0 finished without sending its return value.", rank=0)
+        return cloudpickle.loads(result)
+
+    def _drain_exits(self, exits: dict[int, dict[str, Any]], emit: Callable[[str], None]) -> None:
+        """After an abort, wait briefly so the other ranks are reaped before we return."""
+        deadline = time.monotonic() + ABORT_WAIT_S
+        with self._lock:
+            expected = sum(1 for c in self._conns.values() if c.rank is not None)
+        while len(exits) < expected and time.monotonic() < deadline:
+            try:
+                _, kind, payload = self._events.get(timeout=0.1)
+            except queue.Empty:
+                continue
+            if kind == "exit":
+                exits[payload["rank"]] = payload
+            elif kind == "line":
+                rank, stream, text = payload
+                emit(f"[{rank}]<{stream}>: {text}")
+
+
+def _rank_failure(report: dict[str, Any]) -> HorovodRunnerError:
+    rank = report["rank"]
+    err = report.get("error")
+    if err:
+        summary = (
+            f"Rank {rank} failed with {err['type']}: {err['message']}. "
+            f"The other ranks were stopped."
+        )
+        return HorovodRunnerError(
+            summary,
+            rank=rank,
+            exc_type=err["type"],
+            remote_message=err["message"],
+            remote_traceback=err["traceback"],
+            output_tail=report["tail"],
+        )
+    return HorovodRunnerError(
+        f"Rank {rank} died ({report['how']}) without raising a Python exception. "
+        f"The other ranks were stopped.",
+        rank=rank,
+        output_tail=report["tail"],
+    )

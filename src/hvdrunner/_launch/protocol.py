@@ -1,0 +1,114 @@
+"""Framed messages over sockets and pipes, with a per-job HMAC challenge on connect.
+
+Every frame is ``8-byte big-endian length + pickle((kind, payload))``. Pickle is only read
+after the peer proved it holds the job's secret key (horovod's ``secret`` helpers), so a
+stray or hostile connection never reaches ``pickle.loads``.
+"""
+
+from __future__ import annotations
+
+import os
+import pickle
+import socket
+import struct
+import threading
+from typing import Any, BinaryIO
+
+from horovod.runner.common.util import secret
+
+_LEN = struct.Struct(">Q")
+_NONCE_BYTES = 32
+#: Upper bound for one frame; rank 0's return value is the only large one.
+MAX_FRAME_BYTES = 4 * 1024**3
+
+
+class ProtocolError(RuntimeError):
+    """The peer closed the connection, sent garbage, or failed authentication."""
+
+
+def encode(kind: str, payload: Any) -> bytes:
+    body = pickle.dumps((kind, payload), protocol=pickle.HIGHEST_PROTOCOL)
+    return _LEN.pack(len(body)) + body
+
+
+def _read_exact(read: Any, n: int) -> bytes:
+    chunks = []
+    while n:
+        chunk = read(min(n, 1 << 20))
+        if not chunk:
+            raise ProtocolError("connection closed")
+        chunks.append(chunk)
+        n -= len(chunk)
+    return b"".join(chunks)
+
+
+def read_frame(read: Any) -> tuple[str, Any]:
+    """Read one frame with ``read(n)`` (a socket's ``recv`` or a file's ``read``)."""
+    (size,) = _LEN.unpack(_read_exact(read, _LEN.size))
+    if size > MAX_FRAME_BYTES:
+        raise ProtocolError(f"frame of {size} bytes exceeds the {MAX_FRAME_BYTES}-byte limit")
+    kind, payload = pickle.loads(_read_exact(read, size))
+    return kind, payload
+
+
+class Channel:
+    """A thread-safe framed connection over a socket."""
+
+    def __init__(self, sock: socket.socket) -> None:
+        self._sock = sock
+        self._send_lock = threading.Lock()
+
+    def send(self, kind: str, payload: Any = None) -> None:
+        data = encode(kind, payload)
+        with self._send_lock:
+            self._sock.sendall(data)
+
+    def recv(self) -> tuple[str, Any]:
+        return read_frame(self._sock.recv)
+
+    def close(self) -> None:
+        try:
+            self._sock.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass
+        self._sock.close()
+
+
+def server_handshake(sock: socket.socket, key: bytes) -> None:
+    """Challenge a newly accepted peer; raises :class:`ProtocolError` if it lacks ``key``."""
+    nonce = os.urandom(_NONCE_BYTES)
+    sock.sendall(nonce)
+    digest = _read_exact(sock.recv, secret.DIGEST_LENGTH)
+    if not secret.check_digest(key, nonce, digest):
+        raise ProtocolError("peer failed authentication (wrong job key)")
+    sock.sendall(b"\x01")
+
+
+def connect(host: str, port: int, key: bytes, timeout: float = 30.0) -> Channel:
+    """Connect to the driver service and answer its challenge."""
+    sock = socket.create_connection((host, port), timeout=timeout)
+    try:
+        nonce = _read_exact(sock.recv, _NONCE_BYTES)
+        sock.sendall(secret.compute_digest(key, nonce))
+        if _read_exact(sock.recv, 1) != b"\x01":
+            raise ProtocolError("driver rejected the handshake")
+    except BaseException:
+        sock.close()
+        raise
+    sock.settimeout(None)
+    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    return Channel(sock)
+
+
+class PipeWriter:
+    """Frames written by the child process to its supervisor over an inherited pipe."""
+
+    def __init__(self, stream: BinaryIO) -> None:
+        self._stream = stream
+        self._lock = threading.Lock()
+
+    def send(self, kind: str, payload: Any = None) -> None:
+        data = encode(kind, payload)
+        with self._lock:
+            self._stream.write(data)
+            self._stream.flush()

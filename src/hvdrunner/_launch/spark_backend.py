@@ -1,0 +1,115 @@
+"""Start one supervisor per rank on Spark barrier tasks (``np > 0``)."""
+
+from __future__ import annotations
+
+import socket
+import threading
+import time
+import uuid
+from collections.abc import Iterator
+from typing import Any
+
+from hvdrunner._launch.task import TaskSpec, run_slot
+
+#: How long preflight waits for executors to register before declaring too few slots.
+EXECUTOR_WAIT_S = 30.0
+
+
+def _conf(sc: Any, key: str, default: str) -> str:
+    return str(sc.getConf().get(key, default))
+
+
+def task_slots(sc: Any) -> tuple[int, str]:
+    """How many tasks the cluster can run at once with the default resource profile.
+
+    Returns the count and what limits it (for the error message).
+    """
+    jsc = sc._jsc.sc()
+    profile = jsc.resourceProfileManager().defaultResourceProfile()
+    slots = int(jsc.maxNumConcurrentTasks(profile))
+    gpu_amount = _conf(sc, "spark.task.resource.gpu.amount", "")
+    if gpu_amount:
+        why = f"GPUs / spark.task.resource.gpu.amount={gpu_amount}"
+    else:
+        why = f"executor cores / spark.task.cpus={_conf(sc, 'spark.task.cpus', '1')}"
+    return slots, why
+
+
+def preflight(sc: Any, np: int) -> None:
+    """Fail before launching when barrier mode cannot run ``np`` tasks at once.
+
+    Raises:
+        RuntimeError: dynamic allocation is on (barrier stages refuse it).
+        ValueError: fewer task slots than ``np`` (after waiting for executors to register).
+    """
+    if _conf(sc, "spark.dynamicAllocation.enabled", "false").lower() == "true":
+        raise RuntimeError(
+            "Spark dynamic allocation (spark.dynamicAllocation.enabled=true) cannot serve "
+            "barrier-mode stages, which Horovod needs. Disable it on the cluster (on "
+            "Databricks: a fixed-size cluster without autoscaling), or use np<0 to run on "
+            "the driver only."
+        )
+    deadline = time.monotonic() + EXECUTOR_WAIT_S
+    slots, why = task_slots(sc)
+    # Executors of a freshly started cluster register over a few seconds.
+    while slots < np and time.monotonic() < deadline and not sc.master.startswith("local["):
+        time.sleep(1.0)
+        slots, why = task_slots(sc)
+    if slots < np:
+        raise ValueError(
+            f"np={np} needs {np} Spark tasks at once, but the cluster offers {slots} task "
+            f"slots ({why}, master={sc.master}). Pass np<={slots}, add workers, or lower "
+            f"spark.task.cpus / spark.task.resource.gpu.amount."
+        )
+
+
+def driver_address(sc: Any) -> str:
+    """The driver's address as executors see it (``spark.driver.host``), resolved to an IP."""
+    host = _conf(sc, "spark.driver.host", socket.gethostname())
+    return socket.gethostbyname(host)
+
+
+def _barrier_task(spec: TaskSpec) -> Any:
+    def task(_: Iterator[Any]) -> Iterator[int]:
+        from pyspark import BarrierTaskContext
+
+        ctx = BarrierTaskContext.get()
+        partition = ctx.partitionId()
+        host = ctx.getTaskInfos()[partition].address.rsplit(":", 1)[0]
+        resources = ctx.resources()
+        gpus = list(resources["gpu"].addresses) if "gpu" in resources else []
+        yield run_slot(spec, partition, host, gpus)
+
+    return task
+
+
+class SparkLaunch:
+    """Runs the barrier stage in a background thread; cancellable; exposes its error."""
+
+    def __init__(self, sc: Any, np: int, spec: TaskSpec) -> None:
+        self._sc = sc
+        self._np = np
+        self._spec = spec
+        self._group = f"hvdrunner-{uuid.uuid4().hex[:12]}"
+        self._error: BaseException | None = None
+        self._thread = threading.Thread(target=self._run, name="hvdrunner-spark-job", daemon=True)
+
+    def _run(self) -> None:
+        try:
+            self._sc.setJobGroup(self._group, f"hvdrunner: {self._np} Horovod ranks", True)
+            rdd = self._sc.parallelize(range(self._np), self._np)
+            rdd.barrier().mapPartitions(_barrier_task(self._spec)).collect()
+        except BaseException as exc:  # noqa: BLE001 - surfaced through error()
+            self._error = exc
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def error(self) -> BaseException | None:
+        return self._error
+
+    def stop(self, cancel: bool) -> None:
+        """Wait for the stage to end; cancel it first when the job failed."""
+        if cancel:
+            self._sc.cancelJobGroup(self._group)
+        self._thread.join(timeout=30 if cancel else None)

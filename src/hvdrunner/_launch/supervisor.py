@@ -1,0 +1,177 @@
+"""Supervise one rank: start its child process, relay its output and verdict to the driver.
+
+Runs inside a Spark barrier task (``np > 0``) or a driver thread (``np < 0``). The child is
+a fresh interpreter in its own process group, so a kill reaches everything it started.
+"""
+
+from __future__ import annotations
+
+import collections
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+from collections.abc import Mapping
+from typing import IO, Any
+
+from hvdrunner._launch import protocol
+from hvdrunner._launch.worker import CONTROL_FD_ENV
+
+#: Lines of a rank's output kept for the error report.
+TAIL_LINES = 100
+_KILL_GRACE_S = 3.0
+
+
+def describe_exit(code: int) -> str:
+    """Human wording for a child's return code (negative = killed by a signal)."""
+    if code >= 0:
+        return f"exit code {code}"
+    try:
+        name = signal.Signals(-code).name
+    except ValueError:
+        name = f"signal {-code}"
+    hint = " (killed: by the job, by hand, or by the out-of-memory killer)" if name == "SIGKILL" else ""
+    return f"{name}{hint}"
+
+
+class RankSupervisor:
+    """Runs ``python -m hvdrunner._launch.worker`` for one rank and reports to ``channel``."""
+
+    def __init__(
+        self,
+        channel: protocol.Channel,
+        rank: int,
+        env: Mapping[str, str],
+        payload: bytes,
+        forward_output: bool,
+    ) -> None:
+        self._channel = channel
+        self._rank = rank
+        self._env = dict(env)
+        self._payload = payload
+        self._forward = forward_output
+        self._tail: collections.deque[str] = collections.deque(maxlen=TAIL_LINES)
+        self._tail_lock = threading.Lock()
+        self._error: dict[str, str] | None = None
+        self._aborted = threading.Event()
+        self._proc: subprocess.Popen[bytes] | None = None
+
+    # -- output relays -------------------------------------------------------------------
+    def _pump_output(self, stream: IO[bytes], name: str) -> None:
+        for raw in iter(stream.readline, b""):
+            text = raw.decode("utf-8", errors="replace").rstrip("\n")
+            with self._tail_lock:
+                self._tail.append(f"<{name}>: {text}")
+            if self._forward:
+                try:
+                    self._channel.send("line", (self._rank, name, text))
+                except OSError:
+                    self._forward = False  # driver gone; keep draining so the child never blocks
+            else:
+                # Not streamed to the driver: keep it in this executor's own log.
+                print(f"[{self._rank}]<{name}>: {text}", file=sys.stderr, flush=True)
+        stream.close()
+
+    def _pump_control(self, stream: IO[bytes]) -> None:
+        try:
+            while True:
+                kind, payload = protocol.read_frame(stream.read)
+                if kind == "error":
+                    self._error = payload
+                elif kind == "log":
+                    self._channel.send("log", payload)
+                elif kind == "result":
+                    self._channel.send("result", (self._rank, payload))
+        except (protocol.ProtocolError, OSError, EOFError):
+            pass
+        finally:
+            stream.close()
+
+    def _listen_for_abort(self) -> None:
+        try:
+            while True:
+                kind, _ = self._channel.recv()
+                if kind == "abort":
+                    break
+        except (protocol.ProtocolError, OSError):
+            pass  # the driver went away: treat exactly like an abort
+        self._aborted.set()
+        self.kill()
+
+    def kill(self) -> None:
+        """Terminate the child's whole process group (TERM, then KILL after a grace period)."""
+        proc = self._proc
+        if proc is None or proc.poll() is not None:
+            return
+        for sig, wait in ((signal.SIGTERM, _KILL_GRACE_S), (signal.SIGKILL, None)):
+            try:
+                os.killpg(proc.pid, sig)
+            except ProcessLookupError:
+                return
+            try:
+                proc.wait(timeout=wait)
+                return
+            except subprocess.TimeoutExpired:
+                continue
+
+    # -- main ----------------------------------------------------------------------------
+    def run(self) -> int:
+        """Run the rank to completion and send its ``exit`` report; returns the exit code."""
+        with tempfile.TemporaryDirectory(prefix="hvdrunner-rank") as tmp:
+            payload_path = os.path.join(tmp, "payload.pkl")
+            with open(payload_path, "wb") as f:
+                f.write(self._payload)
+            read_fd, write_fd = os.pipe()
+            env = dict(self._env)
+            env[CONTROL_FD_ENV] = str(write_fd)
+            env["PYTHONUNBUFFERED"] = "1"
+            try:
+                self._proc = subprocess.Popen(
+                    [sys.executable, "-m", "hvdrunner._launch.worker", payload_path],
+                    env=env,
+                    stdin=subprocess.DEVNULL,
+                    stdout=subprocess.PIPE,
+                    stderr=subprocess.PIPE,
+                    pass_fds=(write_fd,),
+                    start_new_session=True,
+                    cwd=tmp if not os.access(os.getcwd(), os.W_OK) else None,
+                )
+            finally:
+                os.close(write_fd)
+            proc = self._proc
+            assert proc.stdout is not None and proc.stderr is not None
+            pumps = [
+                threading.Thread(target=self._pump_output, args=(proc.stdout, "stdout"), daemon=True),
+                threading.Thread(target=self._pump_output, args=(proc.stderr, "stderr"), daemon=True),
+                threading.Thread(
+                    target=self._pump_control, args=(os.fdopen(read_fd, "rb", buffering=0),), daemon=True
+                ),
+            ]
+            for t in pumps:
+                t.start()
+            threading.Thread(target=self._listen_for_abort, daemon=True).start()
+            code = proc.wait()
+            # Anything the child left running in its group would hold the pipes open.
+            try:
+                os.killpg(proc.pid, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                pass
+            for t in pumps:
+                t.join(timeout=10)
+        with self._tail_lock:
+            tail = list(self._tail)
+        report: dict[str, Any] = {
+            "rank": self._rank,
+            "code": code,
+            "how": describe_exit(code),
+            "error": self._error,
+            "tail": tail,
+            "aborted": self._aborted.is_set(),
+        }
+        try:
+            self._channel.send("exit", report)
+        except OSError:
+            pass
+        return code

@@ -1,0 +1,164 @@
+"""What one launch slot does (a Spark barrier task, or a driver thread for ``np < 0``).
+
+Connect to the driver, register, receive the Horovod environment, add this host's network
+interface and GPUs, then hand over to :class:`RankSupervisor`.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import os
+import shutil
+import socket
+import subprocess
+import traceback
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import psutil
+
+from hvdrunner._launch import protocol
+from hvdrunner._launch.supervisor import RankSupervisor
+
+
+@dataclass(frozen=True)
+class TaskSpec:
+    """Everything a launch slot needs; picklable and free of any Spark object."""
+
+    driver_addr: str
+    driver_port: int
+    key: bytes
+    payload: bytes
+    forward_output: bool
+    spread_host_gpus: bool
+    pythonpath: tuple[str, ...] = ()
+
+    def __repr__(self) -> str:  # the key never appears in logs or tracebacks
+        return f"TaskSpec(driver={self.driver_addr}:{self.driver_port}, payload={len(self.payload)} bytes)"
+
+
+def interface_for(address: str) -> str:
+    """The local network interface that owns ``address`` (an IP or a host name).
+
+    Raises:
+        RuntimeError: when no local interface carries that address.
+    """
+    ip = ipaddress.ip_address(socket.gethostbyname(address))
+    nics = psutil.net_if_addrs()
+    for name, addrs in nics.items():
+        for a in addrs:
+            if a.family == socket.AF_INET and ipaddress.ip_address(a.address) == ip:
+                return name
+    if ip.is_loopback:  # 127.0.1.1 and friends live on the loopback device
+        for name, addrs in nics.items():
+            if any(a.family == socket.AF_INET and a.address.startswith("127.") for a in addrs):
+                return name
+    raise RuntimeError(
+        f"No local network interface carries {address} ({ip}), the address Spark reports "
+        f"for this task. Set SPARK_LOCAL_IP on the executors to an address of a local "
+        f"interface."
+    )
+
+
+def host_gpus() -> list[str]:
+    """GPUs visible on this host: ``CUDA_VISIBLE_DEVICES`` if set, else ``nvidia-smi``."""
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if visible is not None:
+        return [g.strip() for g in visible.split(",") if g.strip() and g.strip() != "-1"]
+    if shutil.which("nvidia-smi") is None:
+        return []
+    try:
+        out = subprocess.run(
+            ["nvidia-smi", "--query-gpu=index", "--format=csv,noheader"],
+            capture_output=True,
+            text=True,
+            timeout=20,
+            check=True,
+        ).stdout
+    except (subprocess.SubprocessError, OSError):
+        return []
+    return [line.strip() for line in out.splitlines() if line.strip()]
+
+
+def cuda_visible_devices(
+    task_gpus: Sequence[str], local_rank: int, local_size: int, gpus_on_host: Sequence[str]
+) -> str | None:
+    """The ``CUDA_VISIBLE_DEVICES`` for one rank, or ``None`` to leave it unchanged.
+
+    - GPUs Spark assigned to the task win: the rank sees exactly those.
+    - Otherwise, when ``gpus_on_host`` is given (local mode), they are spread over the
+      host's local ranks: an equal contiguous block each, or round-robin when there are
+      fewer GPUs than ranks.
+    - With no GPUs at all nothing changes (CPU training).
+
+    Example:
+        >>> cuda_visible_devices([], 1, 2, ["0", "1", "2", "3"])
+        '2,3'
+    """
+    if task_gpus:
+        return ",".join(task_gpus)
+    if not gpus_on_host:
+        return None
+    n = len(gpus_on_host)
+    if n >= local_size:
+        per = n // local_size
+        return ",".join(gpus_on_host[local_rank * per : (local_rank + 1) * per])
+    return gpus_on_host[local_rank % n]
+
+
+def _rank_env(
+    spec: TaskSpec, assigned: dict[str, str], host: str, task_gpus: Sequence[str]
+) -> dict[str, str]:
+    env = dict(os.environ)
+    env.update(assigned)
+    iface = interface_for(host)
+    env["HOROVOD_GLOO_IFACE"] = iface
+    env["NCCL_SOCKET_IFNAME"] = iface
+    gpus = cuda_visible_devices(
+        task_gpus,
+        int(assigned["HOROVOD_LOCAL_RANK"]),
+        int(assigned["HOROVOD_LOCAL_SIZE"]),
+        host_gpus() if spec.spread_host_gpus and not task_gpus else [],
+    )
+    if gpus is not None:
+        env["CUDA_VISIBLE_DEVICES"] = gpus
+    # Let the child import the driver's local modules when they exist here (local mode).
+    extra = [p for p in spec.pythonpath if p and os.path.isdir(p)]
+    if extra:
+        env["PYTHONPATH"] = os.pathsep.join([p for p in [env.get("PYTHONPATH", "")] if p] + extra)
+    return env
+
+
+def run_slot(spec: TaskSpec, partition: int, host: str, task_gpus: Sequence[str]) -> int:
+    """Register with the driver, then supervise this slot's rank; returns its exit code."""
+    channel = protocol.connect(spec.driver_addr, spec.driver_port, spec.key)
+    try:
+        channel.send("register", {"partition": partition, "host": host})
+        kind, assigned = channel.recv()
+        if kind != "assign":
+            return 0  # aborted before the ranks were assigned
+        rank = int(assigned["HOROVOD_RANK"])
+        try:
+            env = _rank_env(spec, assigned, host, task_gpus)
+        except Exception as exc:  # noqa: BLE001 - reported to the driver as this rank's failure
+            channel.send(
+                "exit",
+                {
+                    "rank": rank,
+                    "code": 1,
+                    "how": "setup failed",
+                    "error": {
+                        "type": type(exc).__qualname__,
+                        "module": type(exc).__module__,
+                        "message": str(exc),
+                        "traceback": traceback.format_exc(),
+                    },
+                    "tail": [],
+                    "aborted": False,
+                },
+            )
+            return 1
+        supervisor = RankSupervisor(channel, rank, env, spec.payload, spec.forward_output)
+        return supervisor.run()
+    finally:
+        channel.close()

@@ -1,0 +1,98 @@
+"""Entry point of one rank's child process: ``python -m hvdrunner._launch.worker PAYLOAD``.
+
+The supervisor starts this in a fresh interpreter (isolated TF/CUDA state) with the Horovod
+environment already set. It loads the cloudpickled ``(fn, kwargs)``, calls ``fn(**kwargs)``
+and reports on the control pipe (fd ``HVDRUNNER_CONTROL_FD``): rank 0's return value, or the
+exception's type, message and traceback.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import signal
+import sys
+import traceback
+
+import cloudpickle
+
+from hvdrunner._launch.protocol import PipeWriter
+
+CONTROL_FD_ENV = "HVDRUNNER_CONTROL_FD"
+_PR_SET_PDEATHSIG = 1
+
+
+def _die_with_parent() -> None:
+    """Ask Linux to SIGKILL us when the supervisor dies, so no rank outlives its task."""
+    if not sys.platform.startswith("linux"):
+        return
+    try:
+        libc = ctypes.CDLL("libc.so.6", use_errno=True)
+        libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+    except OSError:
+        pass
+    # The parent may have died between fork and prctl.
+    if os.getppid() == 1:
+        os._exit(137)
+
+
+def _control() -> PipeWriter:
+    fd = int(os.environ[CONTROL_FD_ENV])
+    return PipeWriter(os.fdopen(fd, "wb", buffering=0))
+
+
+def main(payload_path: str) -> int:
+    _die_with_parent()
+    control = _control()
+    # log_to_driver() in user code finds the channel through this module-level hook.
+    from hvdrunner import _logging
+
+    _logging.install_channel(control)
+    rank = int(os.environ.get("HOROVOD_RANK", "0"))
+    try:
+        with open(payload_path, "rb") as f:
+            fn, kwargs = cloudpickle.load(f)
+        value = fn(**kwargs)
+    except BaseException as exc:  # noqa: BLE001 - every failure must reach the driver
+        sys.stdout.flush()
+        sys.stderr.flush()
+        traceback.print_exc()
+        control.send(
+            "error",
+            {
+                "type": type(exc).__qualname__,
+                "module": type(exc).__module__,
+                "message": str(exc),
+                "traceback": traceback.format_exc(),
+            },
+        )
+        return 1
+    sys.stdout.flush()
+    sys.stderr.flush()
+    if rank == 0:
+        # Only rank 0's value goes back; other ranks may return unpicklable things freely.
+        try:
+            blob = cloudpickle.dumps(value)
+        except Exception as exc:  # noqa: BLE001
+            control.send(
+                "error",
+                {
+                    "type": "TypeError",
+                    "module": "builtins",
+                    "message": f"the return value of rank 0 ({type(value).__name__}) cannot be "
+                    f"pickled: {exc}. Return plain data (numbers, dicts, numpy arrays, paths).",
+                    "traceback": traceback.format_exc(),
+                },
+            )
+            return 1
+        control.send("result", blob)
+    return 0
+
+
+if __name__ == "__main__":
+    code = main(sys.argv[1])
+    sys.stdout.flush()
+    sys.stderr.flush()
+    # os._exit skips interpreter teardown, where TF 2.15 prints spurious AtomicFunction errors
+    # and horovod's background thread can block shutdown.
+    os._exit(code)

@@ -1,0 +1,88 @@
+"""Rank helpers for code running inside a Horovod job: who am I, and rank-0-only work.
+
+Every rank-0 side effect in hvdrunner goes through :func:`is_rank0` / :func:`on_rank0` /
+:func:`rank0_first`, so call sites never test ``hvd.rank() == 0`` themselves. Outside a
+job (plain Python, a notebook cell) the process counts as rank 0 of a world of size 1.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import os
+from collections.abc import Callable, Iterator
+from typing import Any, TypeVar
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+def rank() -> int:
+    """This process's Horovod rank (``HOROVOD_RANK``, set by the launcher); 0 outside a job."""
+    return int(os.environ.get("HOROVOD_RANK", "0"))
+
+
+def size() -> int:
+    """The number of ranks in the job; 1 outside a job."""
+    return int(os.environ.get("HOROVOD_SIZE", "1"))
+
+
+def local_rank() -> int:
+    """This process's rank among the ranks on its host; 0 outside a job."""
+    return int(os.environ.get("HOROVOD_LOCAL_RANK", "0"))
+
+
+def is_rank0() -> bool:
+    """True on the rank that owns side effects (logging, checkpoints, MLflow).
+
+    Example:
+        >>> is_rank0()  # outside a job
+        True
+    """
+    return rank() == 0
+
+
+def on_rank0(fn: F) -> F:
+    """Decorator: run ``fn`` on rank 0 only; other ranks get ``None`` without calling it.
+
+    Example:
+        >>> @on_rank0
+        ... def save(path): return path
+        >>> save("model.h5")
+        'model.h5'
+    """
+
+    @functools.wraps(fn)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        if is_rank0():
+            return fn(*args, **kwargs)
+        return None
+
+    return wrapper  # type: ignore[return-value]
+
+
+@contextlib.contextmanager
+def rank0_first() -> Iterator[None]:
+    """Rank 0 runs the block first (e.g. a download into a shared cache), then the others.
+
+    Needs ``hvd.init()`` to have been called when the job has more than one rank.
+
+    Example:
+        >>> with rank0_first():
+        ...     pass
+    """
+    if size() == 1:
+        yield
+        return
+    import horovod.tensorflow as hvd
+
+    def barrier() -> None:
+        # horovod.tensorflow has no barrier(); a broadcast blocks every rank until rank 0 joins.
+        hvd.broadcast_object(None, root_rank=0, name="hvdrunner.rank0_first")
+
+    if not is_rank0():
+        barrier()
+    try:
+        yield
+    finally:
+        if is_rank0():
+            barrier()

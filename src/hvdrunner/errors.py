@@ -1,0 +1,43 @@
+"""Exceptions raised by hvdrunner."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+
+class HorovodRunnerError(RuntimeError):
+    """A Horovod job failed: a rank raised or died, or the job could not start.
+
+    Attributes:
+        rank: the rank that failed first (``None`` when no rank is to blame, e.g. a timeout).
+        exc_type: the remote exception's type name, when the rank raised one.
+        remote_message: the remote exception's message.
+        remote_traceback: the remote traceback, as text.
+        output_tail: the last lines of that rank's stdout/stderr.
+    """
+
+    def __init__(
+        self,
+        summary: str,
+        *,
+        rank: int | None = None,
+        exc_type: str | None = None,
+        remote_message: str | None = None,
+        remote_traceback: str | None = None,
+        output_tail: Sequence[str] = (),
+    ) -> None:
+        self.summary = summary
+        self.rank = rank
+        self.exc_type = exc_type
+        self.remote_message = remote_message
+        self.remote_traceback = remote_traceback
+        self.output_tail = list(output_tail)
+        parts = [summary]
+        if remote_traceback:
+            parts.append(f"\n--- remote traceback (rank {rank}) ---\n{remote_traceback.rstrip()}")
+        if self.output_tail:
+            parts.append(
+                f"\n--- last {len(self.output_tail)} lines of rank {rank}'s output ---\n"
+                + "\n".join(self.output_tail)
+            )
+        super().__init__("\n".join(parts))
