@@ -1,0 +1,5 @@
+import sys
+
+from hvdrunner.cli import main
+
+sys.exit(main())

@@ -1,0 +1,245 @@
+"""HorovodRunner end to end: real Spark local[2] barrier tasks and real gloo ranks."""
+
+from __future__ import annotations
+
+import io
+import os
+import signal
+import sys
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from hvdrunner import HorovodRunner, HorovodRunnerError, log_to_driver
+
+
+# -- functions that run on the ranks (module level: cloudpickle sends them by reference) ----
+def keras_recipe(distributed: bool) -> list:
+    """The standard Horovod Keras recipe, unchanged; returns every rank's final weights."""
+    import horovod.tensorflow as hvd_tf
+    import horovod.tensorflow.keras as hvd
+    import tensorflow as tf
+
+    hvd.init()
+    gpus = tf.config.list_physical_devices("GPU")
+    for gpu in gpus:
+        tf.config.experimental.set_memory_growth(gpu, True)
+    if gpus:
+        tf.config.set_visible_devices(gpus[hvd.local_rank()], "GPU")
+    rng = np.random.default_rng(100 + hvd.rank())  # each rank its own data
+    x = rng.normal(size=(256, 4)).astype("float32")
+    y = (x @ np.array([1.0, -2.0, 3.0, 0.5]) + hvd.rank()).astype("float32")
+    tf.keras.utils.set_random_seed(1 + hvd.rank())  # different init: the broadcast must fix it
+    model = tf.keras.Sequential([tf.keras.Input(shape=(4,)), tf.keras.layers.Dense(1)])
+    opt = tf.keras.optimizers.SGD(0.01 * hvd.size())
+    if distributed:
+        opt = hvd.DistributedOptimizer(opt)
+    model.compile(optimizer=opt, loss="mse")
+    model.fit(
+        x,
+        y,
+        batch_size=32,
+        epochs=2,
+        callbacks=[
+            hvd.callbacks.BroadcastGlobalVariablesCallback(0),
+            hvd.callbacks.MetricAverageCallback(),
+        ],
+        verbose=2 if hvd.rank() == 0 else 0,
+    )
+    return hvd_tf.allgather_object([w.tolist() for w in model.get_weights()])
+
+
+def env_report() -> dict:
+    import horovod.tensorflow as hvd
+
+    hvd.init()
+    keys = ["HOROVOD_RANK", "HOROVOD_LOCAL_RANK", "HOROVOD_SIZE", "HOROVOD_GLOO_IFACE", "CUDA_VISIBLE_DEVICES"]
+    return hvd.allgather_object({k: os.environ.get(k) for k in keys} | {"pid": os.getpid()})
+
+
+def chatty(flag_dir: str) -> str:
+    """Print, then wait until the driver has shown both ranks' lines (live streaming)."""
+    rank = os.environ["HOROVOD_RANK"]
+    print(f"hello-from-rank-{rank}", flush=True)
+    log_to_driver(f"callback-message-{rank}")
+    flag = Path(flag_dir) / "seen"
+    deadline = time.monotonic() + 60
+    while not flag.exists():
+        if time.monotonic() > deadline:
+            raise TimeoutError("the driver never showed the lines while the job ran")
+        time.sleep(0.1)
+    return "done"
+
+
+def fail_on_rank1(how: str) -> None:
+    import horovod.tensorflow as hvd
+    import tensorflow as tf
+
+    hvd.init()
+    if hvd.rank() == 1:
+        print("rank 1 is about to fail", flush=True)
+        if how == "raise":
+            raise ValueError("boom on rank 1")
+        os.kill(os.getpid(), signal.SIGKILL)
+    while True:  # rank 0 blocks in collectives: without the abort it would hang forever
+        hvd.allreduce(tf.constant(1.0))
+
+
+def big_result(nbytes: int) -> bytes:
+    return b"x" * nbytes if os.environ["HOROVOD_RANK"] == "0" else b""
+
+
+def sleep_forever() -> None:
+    time.sleep(3600)
+
+
+# -- tests --------------------------------------------------------------------------------
+@pytest.mark.parametrize("np_", [2, -2], ids=["spark-barrier", "driver-processes"])
+def test_keras_recipe_averages_gradients(spark, np_):
+    weights = HorovodRunner(np=np_).run(keras_recipe, distributed=True)
+    assert len(weights) == 2
+    for a, b in zip(weights[0], weights[1], strict=True):
+        np.testing.assert_array_equal(np.array(a), np.array(b))
+
+
+def test_without_distributed_optimizer_ranks_diverge():
+    # Same recipe minus DistributedOptimizer: identical start (broadcast), different data,
+    # so ranks must end apart. This is what makes the equality above meaningful.
+    weights = HorovodRunner(np=-2).run(keras_recipe, distributed=False)
+    assert not np.allclose(np.array(weights[0][0]), np.array(weights[1][0]))
+
+
+def test_rank_environment_on_spark(spark):
+    envs = HorovodRunner(np=2).run(env_report)
+    assert sorted(e["HOROVOD_RANK"] for e in envs) == ["0", "1"]
+    assert {e["HOROVOD_SIZE"] for e in envs} == {"2"}
+    assert sorted(e["HOROVOD_LOCAL_RANK"] for e in envs) == ["0", "1"]  # one host
+    assert all(e["HOROVOD_GLOO_IFACE"] for e in envs)
+    assert envs[0]["pid"] != envs[1]["pid"]
+    assert all(e["CUDA_VISIBLE_DEVICES"] is None for e in envs)  # CPU: nothing pinned
+
+
+def test_local_mode_spreads_driver_gpus(monkeypatch):
+    # No GPU here: CUDA_VISIBLE_DEVICES stands in for the driver's GPUs (ranks only read it).
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0,1")
+    envs = HorovodRunner(np=-2).run(env_report)
+    by_rank = {e["HOROVOD_LOCAL_RANK"]: e["CUDA_VISIBLE_DEVICES"] for e in envs}
+    assert by_rank == {"0": "0", "1": "1"}
+
+
+def test_return_value_of_100_mb(spark):
+    value = HorovodRunner(np=2).run(big_result, nbytes=100 * 1024 * 1024)
+    assert len(value) == 100 * 1024 * 1024
+
+
+class _Watcher(io.TextIOBase):
+    """Stands in for the notebook's stdout: records lines and raises a flag when both show."""
+
+    def __init__(self, flag_dir: Path, wanted: list[str]) -> None:
+        self.lines: list[str] = []
+        self._flag_dir = flag_dir
+        self._wanted = wanted
+        self._lock = threading.Lock()
+
+    def write(self, s: str) -> int:
+        with self._lock:
+            self.lines.extend(s.splitlines())
+            if all(any(w in line for line in self.lines) for w in self._wanted):
+                (self._flag_dir / "seen").touch()
+        return len(s)
+
+
+@pytest.mark.timeout(120)
+def test_all_verbosity_streams_both_ranks_live(spark, tmp_path, monkeypatch):
+    watcher = _Watcher(tmp_path, ["[0]<stdout>: hello-from-rank-0", "[1]<stdout>: hello-from-rank-1"])
+    monkeypatch.setattr(sys, "stdout", watcher)
+    assert HorovodRunner(np=2, driver_log_verbosity="all").run(chatty, flag_dir=str(tmp_path)) == "done"
+    assert "[1] callback-message-1" in watcher.lines
+
+
+@pytest.mark.timeout(120)
+def test_log_callback_only_shows_only_log_to_driver(tmp_path, monkeypatch):
+    watcher = _Watcher(tmp_path, ["[0] callback-message-0", "[1] callback-message-1"])
+    monkeypatch.setattr(sys, "stdout", watcher)
+    HorovodRunner(np=-2, driver_log_verbosity="log_callback_only").run(chatty, flag_dir=str(tmp_path))
+    assert not any("hello-from-rank" in line for line in watcher.lines)
+
+
+@pytest.mark.timeout(90)  # without the abort, rank 0 blocks forever: this bound catches a hang
+@pytest.mark.parametrize("np_", [2, -2], ids=["spark-barrier", "driver-processes"])
+def test_rank1_exception_fails_fast_and_names_rank(spark, np_):
+    with pytest.raises(HorovodRunnerError) as info:
+        HorovodRunner(np=np_).run(fail_on_rank1, how="raise")
+    err = info.value
+    assert err.rank == 1
+    assert err.exc_type == "ValueError"
+    assert err.remote_message == "boom on rank 1"
+    assert "fail_on_rank1" in err.remote_traceback
+    assert any("rank 1 is about to fail" in line for line in err.output_tail)
+    assert "Rank 1 failed with ValueError: boom on rank 1" in str(err)
+
+
+@pytest.mark.timeout(90)
+def test_rank1_sigkill_fails_fast(spark):
+    with pytest.raises(HorovodRunnerError) as info:
+        HorovodRunner(np=2).run(fail_on_rank1, how="kill")
+    assert info.value.rank == 1
+    assert "SIGKILL" in str(info.value)
+    assert any("rank 1 is about to fail" in line for line in info.value.output_tail)
+
+
+def test_np_above_task_slots_is_refused_before_launch(spark):
+    with pytest.raises(ValueError, match=r"np=3 .* 2 task slots"):
+        HorovodRunner(np=3).run(big_result, nbytes=1)
+
+
+@pytest.mark.timeout(120)
+def test_start_timeout_when_slots_are_busy(spark):
+    sc = spark.sparkContext
+    sc_job = threading.Thread(
+        target=lambda: _occupy_slots(sc), daemon=True
+    )
+    sc.setJobGroup("occupy", "keeps both cores busy")  # applies to this thread only
+    sc_job.start()
+    try:
+        time.sleep(2)
+        with pytest.raises(HorovodRunnerError, match="start_timeout=3s"):
+            HorovodRunner(np=2, start_timeout=3).run(big_result, nbytes=1)
+    finally:
+        sc.cancelJobGroup("occupy-slots")
+        sc_job.join(timeout=30)
+
+
+def _occupy_slots(sc) -> None:
+    sc.setJobGroup("occupy-slots", "keeps both cores busy", True)
+    try:
+        sc.parallelize(range(2), 2).foreach(lambda _: time.sleep(120))
+    except Exception:  # noqa: BLE001 - cancelled on purpose
+        pass
+
+
+def test_unpicklable_function_is_named_before_launch(spark):
+    lock = threading.Lock()
+
+    def train():
+        with lock:
+            return spark.version
+
+    with pytest.raises(ValueError, match=r"cannot be pickled.*closure variable '(lock|spark)'"):
+        HorovodRunner(np=2).run(train)
+
+
+@pytest.mark.parametrize("bad", [0, 1.5, "2", True, None])
+def test_bad_np_is_refused(bad):
+    with pytest.raises(ValueError, match="np"):
+        HorovodRunner(np=bad)
+
+
+def test_bad_verbosity_and_timeout_are_refused():
+    with pytest.raises(ValueError, match="driver_log_verbosity"):
+        HorovodRunner(np=2, driver_log_verbosity="loud")
+    with pytest.raises(ValueError, match="start_timeout"):
+        HorovodRunner(np=2, start_timeout=0)
