@@ -56,7 +56,13 @@ def env_report() -> dict:
     import horovod.tensorflow as hvd
 
     hvd.init()
-    keys = ["HOROVOD_RANK", "HOROVOD_LOCAL_RANK", "HOROVOD_SIZE", "HOROVOD_GLOO_IFACE", "CUDA_VISIBLE_DEVICES"]
+    keys = [
+        "HOROVOD_RANK",
+        "HOROVOD_LOCAL_RANK",
+        "HOROVOD_SIZE",
+        "HOROVOD_GLOO_IFACE",
+        "CUDA_VISIBLE_DEVICES",
+    ]
     return hvd.allgather_object({k: os.environ.get(k) for k in keys} | {"pid": os.getpid()})
 
 
@@ -154,9 +160,14 @@ class _Watcher(io.TextIOBase):
 
 @pytest.mark.timeout(120)
 def test_all_verbosity_streams_both_ranks_live(spark, tmp_path, monkeypatch):
-    watcher = _Watcher(tmp_path, ["[0]<stdout>: hello-from-rank-0", "[1]<stdout>: hello-from-rank-1"])
+    watcher = _Watcher(
+        tmp_path, ["[0]<stdout>: hello-from-rank-0", "[1]<stdout>: hello-from-rank-1"]
+    )
     monkeypatch.setattr(sys, "stdout", watcher)
-    assert HorovodRunner(np=2, driver_log_verbosity="all").run(chatty, flag_dir=str(tmp_path)) == "done"
+    assert (
+        HorovodRunner(np=2, driver_log_verbosity="all").run(chatty, flag_dir=str(tmp_path))
+        == "done"
+    )
     assert "[1] callback-message-1" in watcher.lines
 
 
@@ -164,7 +175,9 @@ def test_all_verbosity_streams_both_ranks_live(spark, tmp_path, monkeypatch):
 def test_log_callback_only_shows_only_log_to_driver(tmp_path, monkeypatch):
     watcher = _Watcher(tmp_path, ["[0] callback-message-0", "[1] callback-message-1"])
     monkeypatch.setattr(sys, "stdout", watcher)
-    HorovodRunner(np=-2, driver_log_verbosity="log_callback_only").run(chatty, flag_dir=str(tmp_path))
+    HorovodRunner(np=-2, driver_log_verbosity="log_callback_only").run(
+        chatty, flag_dir=str(tmp_path)
+    )
     assert not any("hello-from-rank" in line for line in watcher.lines)
 
 
@@ -199,13 +212,12 @@ def test_np_above_task_slots_is_refused_before_launch(spark):
 @pytest.mark.timeout(120)
 def test_start_timeout_when_slots_are_busy(spark):
     sc = spark.sparkContext
-    sc_job = threading.Thread(
-        target=lambda: _occupy_slots(sc), daemon=True
-    )
-    sc.setJobGroup("occupy", "keeps both cores busy")  # applies to this thread only
+    sc_job = threading.Thread(target=lambda: _occupy_slots(sc), daemon=True)
     sc_job.start()
     try:
-        time.sleep(2)
+        deadline = time.monotonic() + 30
+        while not sc.statusTracker().getActiveStageIds() and time.monotonic() < deadline:
+            time.sleep(0.1)
         with pytest.raises(HorovodRunnerError, match="start_timeout=3s"):
             HorovodRunner(np=2, start_timeout=3).run(big_result, nbytes=1)
     finally:

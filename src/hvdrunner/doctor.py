@@ -33,9 +33,8 @@ def _version(dist: str) -> str | None:
 
 
 def _extension_file(subdir: str, base: str) -> bool:
-    from horovod.common.util import get_ext_suffix
-
     import horovod
+    from horovod.common.util import get_ext_suffix
 
     path = os.path.join(os.path.dirname(horovod.__file__), subdir, base + get_ext_suffix())
     return os.path.exists(path)
@@ -73,10 +72,30 @@ def evaluate_build(info: dict[str, Any]) -> list[Check]:
             "yes" if info.get("tensorflow_ext") else "no TensorFlow extension",
             fix_build,
         ),
-        Check("horovod built with gloo", bool(info.get("gloo")), "yes" if info.get("gloo") else "no", fix_build),
-        Check("horovod built with PyTorch", None, "yes" if info.get("torch_ext") else "no", required=False),
-        Check("horovod built with MPI", None, "yes" if info.get("mpi") else "no (gloo is used)", required=False),
-        Check("horovod built with NCCL", None, "yes" if info.get("nccl") else "no (CPU/gloo allreduce)", required=False),
+        Check(
+            "horovod built with gloo",
+            bool(info.get("gloo")),
+            "yes" if info.get("gloo") else "no",
+            fix_build,
+        ),
+        Check(
+            "horovod built with PyTorch",
+            None,
+            "yes" if info.get("torch_ext") else "no",
+            required=False,
+        ),
+        Check(
+            "horovod built with MPI",
+            None,
+            "yes" if info.get("mpi") else "no (gloo is used)",
+            required=False,
+        ),
+        Check(
+            "horovod built with NCCL",
+            None,
+            "yes" if info.get("nccl") else "no (CPU/gloo allreduce)",
+            required=False,
+        ),
     ]
     return checks
 
@@ -85,7 +104,9 @@ def evaluate_stack(versions: dict[str, str | None]) -> list[Check]:
     """Version compatibility of the stack. Pure: tests feed it fake versions."""
     checks: list[Check] = []
     tf = versions.get("tensorflow")
-    checks.append(Check("tensorflow", tf is not None, tf or "not installed", "pip install tensorflow==2.15.1"))
+    checks.append(
+        Check("tensorflow", tf is not None, tf or "not installed", "pip install tensorflow==2.15.1")
+    )
     keras = versions.get("keras")
     if keras is not None:
         major = int(keras.split(".")[0])
@@ -99,7 +120,14 @@ def evaluate_stack(versions: dict[str, str | None]) -> list[Check]:
         )
     numpy = versions.get("numpy")
     if numpy is not None:
-        checks.append(Check("numpy < 2 (TF 2.15)", int(numpy.split(".")[0]) < 2, numpy, "pip install numpy==1.26.4"))
+        checks.append(
+            Check(
+                "numpy < 2 (TF 2.15)",
+                int(numpy.split(".")[0]) < 2,
+                numpy,
+                "pip install numpy==1.26.4",
+            )
+        )
     pyarrow, petastorm = versions.get("pyarrow"), versions.get("petastorm")
     if petastorm is None:
         checks.append(Check("petastorm", False, "not installed", "pip install petastorm==0.13.1"))
@@ -115,9 +143,13 @@ def evaluate_stack(versions: dict[str, str | None]) -> list[Check]:
             )
         )
     spark = versions.get("pyspark")
-    checks.append(Check("pyspark", spark is not None, spark or "not installed", "pip install pyspark==3.5.9"))
+    checks.append(
+        Check("pyspark", spark is not None, spark or "not installed", "pip install pyspark==3.5.9")
+    )
     mlflow = versions.get("mlflow")
-    checks.append(Check("mlflow", mlflow is not None, mlflow or "not installed", "pip install mlflow==3.17.2"))
+    checks.append(
+        Check("mlflow", mlflow is not None, mlflow or "not installed", "pip install mlflow==3.17.2")
+    )
     return checks
 
 
@@ -126,11 +158,19 @@ def environment_checks(master: str | None) -> list[Check]:
     from hvdrunner._launch.task import host_gpus
 
     checks = [
-        Check("java (for Spark)", shutil.which("java") is not None, shutil.which("java") or "not found",
-              "install Java 17 (apt-get install openjdk-17-jdk-headless)"),
+        Check(
+            "java (for Spark)",
+            shutil.which("java") is not None,
+            shutil.which("java") or "not found",
+            "install Java 17 (apt-get install openjdk-17-jdk-headless)",
+        ),
     ]
     gpus = host_gpus()
-    checks.append(Check("GPUs visible", None, ", ".join(gpus) if gpus else "none (CPU training)", required=False))
+    checks.append(
+        Check(
+            "GPUs visible", None, ", ".join(gpus) if gpus else "none (CPU training)", required=False
+        )
+    )
     try:
         import mlflow
 
@@ -144,7 +184,12 @@ def environment_checks(master: str | None) -> list[Check]:
         spark = local_session(master)
         slots, why = task_slots(spark.sparkContext)
         checks.append(
-            Check(f"Spark {spark.version} master {master}", None, f"{slots} task slots ({why})", required=False)
+            Check(
+                f"Spark {spark.version} master {master}",
+                None,
+                f"{slots} task slots ({why})",
+                required=False,
+            )
         )
     return checks
 
@@ -152,8 +197,13 @@ def environment_checks(master: str | None) -> list[Check]:
 def run_doctor(master: str | None = None) -> int:
     """Print the checklist; return 1 when a required piece is missing, else 0."""
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")  # the checks load TF; keep its banner out
-    versions = {d: _version(d) for d in ("tensorflow", "keras", "numpy", "pyarrow", "petastorm", "pyspark", "mlflow")}
-    checks = evaluate_build(collect_build_info()) + evaluate_stack(versions) + environment_checks(master)
+    versions = {
+        d: _version(d)
+        for d in ("tensorflow", "keras", "numpy", "pyarrow", "petastorm", "pyspark", "mlflow")
+    }
+    checks = (
+        evaluate_build(collect_build_info()) + evaluate_stack(versions) + environment_checks(master)
+    )
     failed = 0
     for c in checks:
         mark = {True: "[x]", False: "[ ]", None: "[-]"}[c.ok]

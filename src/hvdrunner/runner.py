@@ -71,11 +71,16 @@ class HorovodRunner:
             )
         if driver_log_verbosity not in _VERBOSITIES:
             raise ValueError(
-                f"driver_log_verbosity must be one of {_VERBOSITIES}, got "
-                f"{driver_log_verbosity!r}."
+                f"driver_log_verbosity must be one of {_VERBOSITIES}, got {driver_log_verbosity!r}."
             )
-        if isinstance(start_timeout, bool) or not isinstance(start_timeout, (int, float)) or start_timeout <= 0:
-            raise ValueError(f"start_timeout must be a positive number of seconds, got {start_timeout!r}.")
+        if (
+            isinstance(start_timeout, bool)
+            or not isinstance(start_timeout, (int, float))
+            or start_timeout <= 0
+        ):
+            raise ValueError(
+                f"start_timeout must be a positive number of seconds, got {start_timeout!r}."
+            )
         self.num_processor = np  # sparkdl's attribute name
         self.driver_log_verbosity = driver_log_verbosity
         self.start_timeout = float(start_timeout)
@@ -95,7 +100,9 @@ class HorovodRunner:
         from hvdrunner._launch.task import TaskSpec
 
         if not callable(main):
-            raise ValueError(f"main must be a callable (your training function), got {type(main).__name__}.")
+            raise ValueError(
+                f"main must be a callable (your training function), got {type(main).__name__}."
+            )
         payload = dumps_payload(main, kwargs)  # before any process or Spark job starts
         np = abs(self.num_processor)
         key = secret.make_secret_key()
@@ -109,8 +116,12 @@ class HorovodRunner:
             from hvdrunner._launch import spark_backend
 
             sc = _active_spark_context()
-            spark_backend.preflight(sc, np)
-            addr, bind, where = spark_backend.driver_address(sc), "0.0.0.0", f"Spark barrier tasks ({sc.master})"
+            spark_backend.preflight(sc, np, wait_s=self.start_timeout)
+            addr, bind, where = (
+                spark_backend.driver_address(sc),
+                "0.0.0.0",
+                f"Spark barrier tasks ({sc.master})",
+            )
             spread = str(sc.master).startswith("local")
         service = DriverService(np, key, rendezvous_addr=addr, bind=bind)
         spec = TaskSpec(
@@ -144,7 +155,9 @@ def _active_spark_context() -> Any:
     try:
         from pyspark import SparkContext
     except ImportError as exc:  # pragma: no cover - pyspark is part of the stack
-        raise RuntimeError("np>0 needs pyspark; install it or use np<0 to run on the driver.") from exc
+        raise RuntimeError(
+            "np>0 needs pyspark; install it or use np<0 to run on the driver."
+        ) from exc
     sc = SparkContext._active_spark_context
     if sc is None:
         raise RuntimeError(

@@ -8,6 +8,7 @@ exited cleanly (returns rank 0's value) or one failed (aborts the rest, raises).
 
 from __future__ import annotations
 
+import contextlib
 import queue
 import socket
 import sys
@@ -89,10 +90,8 @@ class DriverService:
     def close(self) -> None:
         """Stop listening, drop every connection and stop the rendezvous server."""
         self._closed.set()
-        try:
+        with contextlib.suppress(OSError):
             self._sock.close()
-        except OSError:
-            pass
         with self._lock:
             conns = list(self._conns.values())
         for conn in conns:
@@ -134,10 +133,8 @@ class DriverService:
         with self._lock:
             conns = list(self._conns.values())
         for conn in conns:
-            try:
+            with contextlib.suppress(OSError):
                 conn.channel.send("abort", None)
-            except OSError:
-                pass
 
     # -- the verdict ---------------------------------------------------------------------
     def wait(

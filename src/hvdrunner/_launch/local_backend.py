@@ -14,7 +14,9 @@ class LocalLaunch:
     def __init__(self, num_proc: int, spec: TaskSpec) -> None:
         self._error: BaseException | None = None
         self._threads = [
-            threading.Thread(target=self._slot, args=(spec, i), name=f"hvdrunner-rank{i}", daemon=True)
+            threading.Thread(
+                target=self._slot, args=(spec, i), name=f"hvdrunner-rank{i}", daemon=True
+            )
             for i in range(num_proc)
         ]
 

@@ -7,6 +7,7 @@ stray or hostile connection never reaches ``pickle.loads``.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import pickle
 import socket
@@ -67,10 +68,8 @@ class Channel:
         return read_frame(self._sock.recv)
 
     def close(self) -> None:
-        try:
+        with contextlib.suppress(OSError):
             self._sock.shutdown(socket.SHUT_RDWR)
-        except OSError:
-            pass
         self._sock.close()
 
 

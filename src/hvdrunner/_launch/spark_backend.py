@@ -35,12 +35,13 @@ def task_slots(sc: Any) -> tuple[int, str]:
     return slots, why
 
 
-def preflight(sc: Any, np: int) -> None:
+def preflight(sc: Any, np: int, wait_s: float = EXECUTOR_WAIT_S) -> None:
     """Fail before launching when barrier mode cannot run ``np`` tasks at once.
 
     Raises:
         RuntimeError: dynamic allocation is on (barrier stages refuse it).
-        ValueError: fewer task slots than ``np`` (after waiting for executors to register).
+        ValueError: fewer task slots than ``np`` (after waiting up to ``wait_s``, at most
+            30 s, for executors of a non-local cluster to register).
     """
     if _conf(sc, "spark.dynamicAllocation.enabled", "false").lower() == "true":
         raise RuntimeError(
@@ -49,7 +50,7 @@ def preflight(sc: Any, np: int) -> None:
             "Databricks: a fixed-size cluster without autoscaling), or use np<0 to run on "
             "the driver only."
         )
-    deadline = time.monotonic() + EXECUTOR_WAIT_S
+    deadline = time.monotonic() + min(wait_s, EXECUTOR_WAIT_S)
     slots, why = task_slots(sc)
     # Executors of a freshly started cluster register over a few seconds.
     while slots < np and time.monotonic() < deadline and not sc.master.startswith("local["):

@@ -7,6 +7,7 @@ a fresh interpreter in its own process group, so a kill reaches everything it st
 from __future__ import annotations
 
 import collections
+import contextlib
 import os
 import signal
 import subprocess
@@ -32,7 +33,11 @@ def describe_exit(code: int) -> str:
         name = signal.Signals(-code).name
     except ValueError:
         name = f"signal {-code}"
-    hint = " (killed: by the job, by hand, or by the out-of-memory killer)" if name == "SIGKILL" else ""
+    hint = (
+        " (killed: by the job, by hand, or by the out-of-memory killer)"
+        if name == "SIGKILL"
+        else ""
+    )
     return f"{name}{hint}"
 
 
@@ -143,10 +148,16 @@ class RankSupervisor:
             proc = self._proc
             assert proc.stdout is not None and proc.stderr is not None
             pumps = [
-                threading.Thread(target=self._pump_output, args=(proc.stdout, "stdout"), daemon=True),
-                threading.Thread(target=self._pump_output, args=(proc.stderr, "stderr"), daemon=True),
                 threading.Thread(
-                    target=self._pump_control, args=(os.fdopen(read_fd, "rb", buffering=0),), daemon=True
+                    target=self._pump_output, args=(proc.stdout, "stdout"), daemon=True
+                ),
+                threading.Thread(
+                    target=self._pump_output, args=(proc.stderr, "stderr"), daemon=True
+                ),
+                threading.Thread(
+                    target=self._pump_control,
+                    args=(os.fdopen(read_fd, "rb", buffering=0),),
+                    daemon=True,
                 ),
             ]
             for t in pumps:
@@ -154,10 +165,8 @@ class RankSupervisor:
             threading.Thread(target=self._listen_for_abort, daemon=True).start()
             code = proc.wait()
             # Anything the child left running in its group would hold the pipes open.
-            try:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.killpg(proc.pid, signal.SIGKILL)
-            except (ProcessLookupError, PermissionError):
-                pass
             for t in pumps:
                 t.join(timeout=10)
         with self._tail_lock:
@@ -170,8 +179,6 @@ class RankSupervisor:
             "tail": tail,
             "aborted": self._aborted.is_set(),
         }
-        try:
+        with contextlib.suppress(OSError):
             self._channel.send("exit", report)
-        except OSError:
-            pass
         return code
