@@ -9,7 +9,8 @@ import pytest
 from hvdrunner._launch import protocol
 from hvdrunner._launch.driver import DriverService
 from hvdrunner._launch.supervisor import describe_exit
-from hvdrunner._launch.task import TaskSpec, cuda_visible_devices, interface_for
+from hvdrunner._launch.task import TaskSpec, interface_for
+from hvdrunner.distributed import cuda_visible_devices
 
 
 @pytest.mark.parametrize(

@@ -255,3 +255,25 @@ def test_bad_verbosity_and_timeout_are_refused():
         HorovodRunner(np=2, driver_log_verbosity="loud")
     with pytest.raises(ValueError, match="start_timeout"):
         HorovodRunner(np=2, start_timeout=0)
+
+
+def fit_with_log_callback() -> None:
+    import horovod.tensorflow.keras as hvd
+    import tensorflow as tf
+
+    from hvdrunner.keras import LogCallback
+
+    hvd.init()
+    model = tf.keras.Sequential([tf.keras.Input(shape=(2,)), tf.keras.layers.Dense(1)])
+    model.compile(optimizer=hvd.DistributedOptimizer(tf.keras.optimizers.SGD(0.1)), loss="mse")
+    x = np.ones((8, 2), dtype="float32")
+    model.fit(x, x[:, :1], epochs=2, batch_size=4, verbose=0, callbacks=[LogCallback()])
+
+
+def test_log_callback_reaches_driver_in_log_callback_only_mode(capsys):
+    HorovodRunner(np=-2, driver_log_verbosity="log_callback_only").run(fit_with_log_callback)
+    out = capsys.readouterr().out.splitlines()
+    epochs = [line for line in out if line.startswith("[0] epoch ")]
+    assert [e.split(":")[0] for e in epochs] == ["[0] epoch 1", "[0] epoch 2"]
+    assert "loss: " in epochs[0]
+    assert not any(line.startswith("[1] epoch") for line in out)  # rank 0 only

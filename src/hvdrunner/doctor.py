@@ -155,7 +155,7 @@ def evaluate_stack(versions: dict[str, str | None]) -> list[Check]:
 
 def environment_checks(master: str | None) -> list[Check]:
     """Java, GPUs, MLflow tracking URI and, with ``master``, Spark's task slots."""
-    from hvdrunner._launch.task import host_gpus
+    from hvdrunner.distributed import host_gpus
 
     checks = [
         Check(

@@ -8,8 +8,6 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from hvdrunner._launch.pickling import dumps_payload
-
 _VERBOSITIES = ("all", "log_callback_only")
 
 
@@ -97,6 +95,7 @@ class HorovodRunner:
         from horovod.runner.common.util import secret
 
         from hvdrunner._launch.driver import DriverService
+        from hvdrunner._launch.pickling import dumps_payload
         from hvdrunner._launch.task import TaskSpec
 
         if not callable(main):

@@ -97,7 +97,8 @@ class DriverService:
         for conn in conns:
             conn.channel.close()
         if self._rendezvous is not None:
-            self._rendezvous.stop()
+            # socketserver's shutdown() waits out a 0.5 s poll interval; don't make run() wait.
+            threading.Thread(target=self._rendezvous.stop, daemon=True).start()
             self._rendezvous = None
 
     # -- rank assignment -----------------------------------------------------------------

@@ -8,9 +8,7 @@ from __future__ import annotations
 
 import ipaddress
 import os
-import shutil
 import socket
-import subprocess
 import traceback
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -19,6 +17,7 @@ import psutil
 
 from hvdrunner._launch import protocol
 from hvdrunner._launch.supervisor import RankSupervisor
+from hvdrunner.distributed import cuda_visible_devices, host_gpus
 
 
 @dataclass(frozen=True)
@@ -58,52 +57,6 @@ def interface_for(address: str) -> str:
         f"for this task. Set SPARK_LOCAL_IP on the executors to an address of a local "
         f"interface."
     )
-
-
-def host_gpus() -> list[str]:
-    """GPUs visible on this host: ``CUDA_VISIBLE_DEVICES`` if set, else ``nvidia-smi``."""
-    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
-    if visible is not None:
-        return [g.strip() for g in visible.split(",") if g.strip() and g.strip() != "-1"]
-    if shutil.which("nvidia-smi") is None:
-        return []
-    try:
-        out = subprocess.run(
-            ["nvidia-smi", "--query-gpu=index", "--format=csv,noheader"],
-            capture_output=True,
-            text=True,
-            timeout=20,
-            check=True,
-        ).stdout
-    except (subprocess.SubprocessError, OSError):
-        return []
-    return [line.strip() for line in out.splitlines() if line.strip()]
-
-
-def cuda_visible_devices(
-    task_gpus: Sequence[str], local_rank: int, local_size: int, gpus_on_host: Sequence[str]
-) -> str | None:
-    """The ``CUDA_VISIBLE_DEVICES`` for one rank, or ``None`` to leave it unchanged.
-
-    - GPUs Spark assigned to the task win: the rank sees exactly those.
-    - Otherwise, when ``gpus_on_host`` is given (local mode), they are spread over the
-      host's local ranks: an equal contiguous block each, or round-robin when there are
-      fewer GPUs than ranks.
-    - With no GPUs at all nothing changes (CPU training).
-
-    Example:
-        >>> cuda_visible_devices([], 1, 2, ["0", "1", "2", "3"])
-        '2,3'
-    """
-    if task_gpus:
-        return ",".join(task_gpus)
-    if not gpus_on_host:
-        return None
-    n = len(gpus_on_host)
-    if n >= local_size:
-        per = n // local_size
-        return ",".join(gpus_on_host[local_rank * per : (local_rank + 1) * per])
-    return gpus_on_host[local_rank % n]
 
 
 def _rank_env(

@@ -1,0 +1,94 @@
+"""hvdrunner doctor: real run against this environment, and the verdict on broken builds."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import hvdrunner
+from hvdrunner.doctor import evaluate_build, evaluate_stack
+
+GOOD_BUILD = {
+    "horovod": "0.28.1",
+    "tensorflow_ext": True,
+    "torch_ext": False,
+    "gloo": True,
+    "mpi": False,
+    "nccl": False,
+}
+GOOD_STACK = {
+    "tensorflow": "2.15.1",
+    "keras": "2.15.0",
+    "numpy": "1.26.4",
+    "pyarrow": "14.0.2",
+    "petastorm": "0.13.1",
+    "pyspark": "3.5.9",
+    "mlflow": "3.17.2",
+}
+
+
+def _failed(checks):
+    return [c for c in checks if c.ok is False and c.required]
+
+
+def test_doctor_passes_on_this_environment():
+    proc = subprocess.run(
+        [sys.executable, "-m", "hvdrunner", "doctor"], capture_output=True, text=True, timeout=300
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "[x] horovod built with TensorFlow: yes" in proc.stdout
+    assert "[x] horovod built with gloo: yes" in proc.stdout
+    # The banner of `horovodrun --check-build` claims PyTorch; the doctor must not.
+    assert "[-] horovod built with PyTorch: no" in proc.stdout
+
+
+def test_good_build_and_stack_pass():
+    assert not _failed(evaluate_build(GOOD_BUILD))
+    assert not _failed(evaluate_stack(GOOD_STACK))
+
+
+def test_horovod_without_tensorflow_fails_with_fix():
+    failed = _failed(evaluate_build(GOOD_BUILD | {"tensorflow_ext": False}))
+    assert [c.name for c in failed] == ["horovod built with TensorFlow"]
+    assert "HOROVOD_WITH_TENSORFLOW=1" in failed[0].fix
+
+
+def test_horovod_without_gloo_or_missing_fails():
+    assert [c.name for c in _failed(evaluate_build(GOOD_BUILD | {"gloo": False}))] == [
+        "horovod built with gloo"
+    ]
+    assert [c.name for c in _failed(evaluate_build({"horovod": None}))] == ["horovod"]
+
+
+def test_incompatible_stack_versions_fail():
+    names = {
+        c.name
+        for c in _failed(
+            evaluate_stack(GOOD_STACK | {"pyarrow": "15.0.2", "keras": "3.3.3", "numpy": "2.1.0"})
+        )
+    }
+    assert names == {
+        "petastorm 0.13.1 with pyarrow < 15",
+        "keras 2 (horovod's Keras callbacks break on Keras 3)",
+        "numpy < 2 (TF 2.15)",
+    }
+
+
+def test_doctor_fails_loudly_where_the_stack_is_missing(tmp_path):
+    # A real interpreter with none of the stack: a bare venv that sees only hvdrunner's source.
+    venv = tmp_path / "bare"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True)
+    src = str(Path(hvdrunner.__file__).resolve().parents[1])
+    proc = subprocess.run(
+        [str(venv / "bin" / "python"), "-m", "hvdrunner", "doctor"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={"PYTHONPATH": src, "PATH": os.environ["PATH"]},
+    )
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    assert "[ ] horovod: not installed" in proc.stdout
+    assert "fix: rebuild horovod" in proc.stdout
+    assert "required check(s) failed" in proc.stdout
