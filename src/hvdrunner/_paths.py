@@ -1,0 +1,65 @@
+"""Cache/checkpoint locations: one user-facing string → (Spark URL, local file path).
+
+Databricks exposes DBFS through a FUSE mount at ``/dbfs`` and Unity Catalog volumes at
+``/Volumes``; Spark wants ``dbfs:/`` URLs, Python file APIs want the FUSE paths. Ranks read
+with Python file APIs, so every location must have a local path.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from urllib.parse import urlparse
+
+
+@dataclass(frozen=True)
+class Location:
+    """Where data lives: ``spark_url`` for Spark writers, ``local_path`` for file APIs."""
+
+    spark_url: str
+    local_path: str
+    shared: bool  # visible from every node of a multi-node cluster
+
+    def join(self, *parts: str) -> Location:
+        return Location(
+            "/".join([self.spark_url.rstrip("/"), *parts]),
+            os.path.join(self.local_path, *parts),
+            self.shared,
+        )
+
+
+def resolve(path: str) -> Location:
+    """Normalize ``dbfs:/x``, ``/dbfs/x``, ``file:/dbfs/x``, ``/Volumes/...``, ``file:///x``, ``x``.
+
+    Raises:
+        ValueError: for schemes ranks cannot read through a local path (s3://, abfss://, ...).
+
+    Example:
+        >>> resolve("dbfs:/tmp/cache")
+        Location(spark_url='dbfs:/tmp/cache', local_path='/dbfs/tmp/cache', shared=True)
+    """
+    if not isinstance(path, str) or not path.strip():
+        raise ValueError(f"a path must be a non-empty string, got {path!r}")
+    path = path.strip()
+    parsed = urlparse(path)
+    scheme = parsed.scheme.lower()
+    if scheme == "dbfs":
+        rel = "/" + parsed.path.lstrip("/")
+        if rel.startswith("/Volumes/"):
+            return Location(rel, rel, True)
+        return Location(f"dbfs:{rel}", f"/dbfs{rel}", True)
+    if scheme == "file":
+        path = parsed.path
+    elif scheme:
+        raise ValueError(
+            f"{path!r}: scheme {scheme}:// is not readable by the ranks as a file path. Use a "
+            f"DBFS path (dbfs:/... or /dbfs/...), a Unity Catalog volume (/Volumes/...), or a "
+            f"local directory."
+        )
+    path = os.path.abspath(path)
+    if path == "/dbfs" or path.startswith("/dbfs/"):
+        rel = path[len("/dbfs") :] or "/"
+        return Location(f"dbfs:{rel}", path, True)
+    if path.startswith("/Volumes/"):
+        return Location(path, path, True)
+    return Location(f"file://{path}", path, False)
