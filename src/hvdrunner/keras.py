@@ -54,3 +54,43 @@ def LogCallback(per_batch_log: bool = False) -> Any:  # noqa: N802 - sparkdl's c
 
     _LogCallback.__name__ = _LogCallback.__qualname__ = "LogCallback"
     return _LogCallback()
+
+
+def average_metrics(logs: dict[str, Any]) -> dict[str, float]:
+    """Average scalar Keras logs over all ranks (a collective: every rank must call it).
+
+    Idempotent after Horovod's ``MetricAverageCallback`` (averaging equal values changes
+    nothing), so callback order does not matter.
+    """
+    import horovod.tensorflow as hvd
+    import tensorflow as tf
+
+    out = {}
+    for key in sorted(logs):  # same order on every rank: the allreduces pair up by name
+        value = tf.constant(float(logs[key]), dtype=tf.float64)
+        out[key] = float(hvd.allreduce(value, op=hvd.Average, name=f"hvdrunner.avg.{key}").numpy())
+    return out
+
+
+def MLflowCallback() -> Any:  # noqa: N802 - reads like a class at the call site
+    """Keras callback: epoch metrics averaged over ranks, logged by rank 0 with the epoch as step.
+
+    Put it on every rank (the averaging is collective); only rank 0 writes, into the run the
+    driver had open (see :mod:`hvdrunner.tracking`).
+
+    Example:
+        >>> model.fit(ds, epochs=5, callbacks=[MLflowCallback()])  # doctest: +SKIP
+    """
+    from hvdrunner import tracking
+
+    base = _keras_callback_base()
+
+    class _MLflowCallback(base):  # type: ignore[misc, valid-type]
+        def on_epoch_end(self, epoch: int, logs: dict[str, Any] | None = None) -> None:
+            averaged = average_metrics(dict(logs or {}))
+            if logs is not None:
+                logs.update(averaged)  # later callbacks (and History) see the averages
+            tracking.log_metrics(averaged, step=epoch)
+
+    _MLflowCallback.__name__ = _MLflowCallback.__qualname__ = "MLflowCallback"
+    return _MLflowCallback()

@@ -8,6 +8,9 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from hvdrunner import tracking
+from hvdrunner.errors import HorovodRunnerError
+
 _VERBOSITIES = ("all", "log_callback_only")
 
 
@@ -103,6 +106,8 @@ class HorovodRunner:
                 f"main must be a callable (your training function), got {type(main).__name__}."
             )
         payload = dumps_payload(main, kwargs)  # before any process or Spark job starts
+        track_env = tracking.driver_context()
+        secrets = tracking.secrets_in(track_env)
         np = abs(self.num_processor)
         key = secret.make_secret_key()
         launch: Any
@@ -122,7 +127,9 @@ class HorovodRunner:
                 f"Spark barrier tasks ({sc.master})",
             )
             spread = str(sc.master).startswith("local")
-        service = DriverService(np, key, rendezvous_addr=addr, bind=bind)
+        service = DriverService(
+            np, key, rendezvous_addr=addr, bind=bind, extra_env=track_env, secrets=secrets
+        )
         spec = TaskSpec(
             driver_addr=addr,
             driver_port=service.port,
@@ -143,7 +150,13 @@ class HorovodRunner:
             launch.start()
             result = service.wait(self.start_timeout, launch.error)
             ok = True
+        except HorovodRunnerError as err:
+            if track_env:
+                tracking.mark_failed(err.summary, secrets)
+            raise
         finally:
+            if not ok:  # also on KeyboardInterrupt in the notebook: no rank outlives run()
+                service.abort()
             launch.stop(cancel=not ok)
             service.close()
             _status(f"job {'finished' if ok else 'failed'} after {time.monotonic() - started:.1f}s")

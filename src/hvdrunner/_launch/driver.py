@@ -42,8 +42,19 @@ class _Conn:
 class DriverService:
     """Accepts supervisors, hands out ranks and turns their reports into one verdict."""
 
-    def __init__(self, np: int, key: bytes, rendezvous_addr: str, bind: str = "0.0.0.0") -> None:
+    def __init__(
+        self,
+        np: int,
+        key: bytes,
+        rendezvous_addr: str,
+        bind: str = "0.0.0.0",
+        extra_env: dict[str, str] | None = None,
+        secrets: list[str] | None = None,
+    ) -> None:
         self.np = np
+        # Sent to each rank over the authenticated channel, never in the pickled payload.
+        self._extra_env = dict(extra_env or {})
+        self._secrets = [s for s in (secrets or []) if s]
         self._key = key
         self._rendezvous_addr = rendezvous_addr
         self._events: queue.Queue[tuple[int, str, Any]] = queue.Queue()
@@ -120,6 +131,7 @@ class DriverService:
                 slot = next(slots)
                 conn.rank = slot.rank
                 env = create_slot_env_vars(slot)
+                env.update(self._extra_env)
                 env.update(
                     {
                         "HOROVOD_GLOO_RENDEZVOUS_ADDR": self._rendezvous_addr,
@@ -129,6 +141,10 @@ class DriverService:
                     }
                 )
                 conn.channel.send("assign", env)
+
+    def abort(self) -> None:
+        """Tell every connected rank to stop (their supervisors kill the rank processes)."""
+        self._abort_all()
 
     def _abort_all(self) -> None:
         with self._lock:
@@ -151,7 +167,11 @@ class DriverService:
             job_error: returns the launch backend's error (e.g. the Spark job failed), if any.
             on_line: where driver-side output goes; default prints to the current stdout.
         """
-        emit = on_line or (lambda text: print(text, file=sys.stdout, flush=True))
+        show = on_line or (lambda text: print(text, file=sys.stdout, flush=True))
+
+        def emit(text: str) -> None:
+            show(self._scrub(text))
+
         deadline = time.monotonic() + start_timeout
         registered: list[_Conn] = []
         assigned = False
@@ -198,7 +218,7 @@ class DriverService:
                 conn.exited = True
                 exits[payload["rank"]] = payload
                 if payload["code"] != 0 and not payload["aborted"]:
-                    failure = _rank_failure(payload)
+                    failure = _rank_failure(payload, self._scrub)
             elif kind == "disconnect" and not conn.exited and conn.rank is not None:
                 failure = HorovodRunnerError(
                     f"Lost contact with rank {conn.rank} on host {conn.host} before it "
@@ -212,6 +232,11 @@ class DriverService:
         if result is None:
             raise HorovodRunnerError("Rank 0 finished without sending its return value.", rank=0)
         return cloudpickle.loads(result)
+
+    def _scrub(self, text: str) -> str:
+        for secret_value in self._secrets:
+            text = text.replace(secret_value, "[REDACTED]")
+        return text
 
     def _drain_exits(self, exits: dict[int, dict[str, Any]], emit: Callable[[str], None]) -> None:
         """After an abort, wait briefly so the other ranks are reaped before we return."""
@@ -230,9 +255,12 @@ class DriverService:
                 emit(f"[{rank}]<{stream}>: {text}")
 
 
-def _rank_failure(report: dict[str, Any]) -> HorovodRunnerError:
+def _rank_failure(report: dict[str, Any], scrub: Callable[[str], str]) -> HorovodRunnerError:
     rank = report["rank"]
+    tail = [scrub(line) for line in report["tail"]]
     err = report.get("error")
+    if err:
+        err = {k: scrub(v) if isinstance(v, str) else v for k, v in err.items()}
     if err:
         summary = (
             f"Rank {rank} failed with {err['type']}: {err['message']}. "
@@ -244,11 +272,11 @@ def _rank_failure(report: dict[str, Any]) -> HorovodRunnerError:
             exc_type=err["type"],
             remote_message=err["message"],
             remote_traceback=err["traceback"],
-            output_tail=report["tail"],
+            output_tail=tail,
         )
     return HorovodRunnerError(
         f"Rank {rank} died ({report['how']}) without raising a Python exception. "
         f"The other ranks were stopped.",
         rank=rank,
-        output_tail=report["tail"],
+        output_tail=tail,
     )

@@ -1,0 +1,135 @@
+"""Data throughput per rank on the same Parquet data: raw pyarrow vs petastorm vs hvdrunner.
+
+    .venv/bin/python benchmarks/data_throughput.py [--rows 200000] [--reps 3]
+
+Prepares ``rows`` × 784 float32 + int label once with ``hvdrunner.data.prepare`` (local[2]),
+then times reading shard 0 of 2 into batches of 256, one epoch, three ways:
+(a) pyarrow ``read_table`` + vectorized flatten into numpy (the practical limit),
+(b) petastorm's default TF path (``make_batch_reader`` + ``make_petastorm_dataset``,
+    unbatch/batch as ``SparkDatasetConverter.make_tf_dataset`` does),
+(c) ``PreparedData.tf_dataset`` (hvdrunner, shuffling on).
+Writes medians and ratios to benchmarks/results/data_throughput.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import tempfile
+import time
+from pathlib import Path
+
+RESULTS = Path(__file__).parent / "results" / "data_throughput.json"
+BATCH = 256
+
+
+def raw_pyarrow(data) -> int:
+    import pyarrow.compute as pc
+    import pyarrow.parquet as pq
+
+    from hvdrunner._data_reader import shard_pieces
+
+    rows = 0
+    for piece in shard_pieces(data.files, 0, 2):
+        table = pq.read_table(
+            os.path.join(data.local_path, piece.path), columns=["pixels", "label"]
+        )
+        table = table.slice(piece.start, piece.stop - piece.start)
+        x = pc.list_flatten(table.column("pixels").combine_chunks()).to_numpy().reshape(-1, 784)
+        y = table.column("label").to_numpy()
+        rows += len(x) + 0 * len(y)
+    return rows
+
+
+def petastorm_default(data) -> int:
+    import tensorflow as tf
+    from petastorm import make_batch_reader
+    from petastorm.tf_utils import make_petastorm_dataset
+
+    url = "file://" + data.local_path
+    rows = 0
+    with make_batch_reader(
+        url, num_epochs=1, cur_shard=0, shard_count=2, schema_fields=["pixels", "label"]
+    ) as reader:
+        ds = make_petastorm_dataset(reader).unbatch().batch(BATCH).prefetch(1)
+        for batch in ds:
+            rows += int(tf.shape(batch.pixels)[0])
+    return rows
+
+
+def hvdrunner_tf(data) -> int:
+    steps = data.steps_per_epoch(BATCH, 2)
+    rows = 0
+    with data.tf_dataset(BATCH, cur_shard=0, shard_count=2) as ds:
+        for x, _ in ds.take(steps):
+            rows += int(x.shape[0])
+    return rows
+
+
+def timed(fn, data, reps: int) -> list[float]:
+    out = []
+    for _ in range(reps):
+        t = time.perf_counter()
+        rows = fn(data)
+        out.append(rows / (time.perf_counter() - t))
+    return out
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--rows", type=int, default=200_000)
+    parser.add_argument("--reps", type=int, default=3)
+    parser.add_argument(
+        "--cache-dir", default=os.path.join(tempfile.gettempdir(), "hvdrunner-bench-cache")
+    )
+    args = parser.parse_args()
+
+    from pyspark.sql import functions as F
+
+    from hvdrunner.data import prepare
+    from hvdrunner.spark import local_session
+
+    spark = local_session("local[2]", app_name="bench-data")
+    spark.sparkContext.setLogLevel("ERROR")
+    df = spark.range(args.rows).select(
+        F.transform(
+            F.sequence(F.lit(1), F.lit(784)),
+            lambda i: ((F.col("id") * i) % 997).cast("float") / 997,
+        ).alias("pixels"),
+        (F.col("id") % 10).cast("int").alias("label"),
+    )
+    t = time.perf_counter()
+    data = prepare(df, features="pixels", label="label", cache_dir=args.cache_dir)
+    prepare_s = time.perf_counter() - t
+    spark.stop()
+
+    results = {
+        name: timed(fn, data, args.reps)
+        for name, fn in [
+            ("a_raw_pyarrow", raw_pyarrow),
+            ("b_petastorm_default", petastorm_default),
+            ("c_hvdrunner_tf", hvdrunner_tf),
+        ]
+    }
+    med = {k: round(statistics.median(v)) for k, v in results.items()}
+    out = {
+        "what": f"rows/s reading shard 0 of 2, {args.rows} rows x 784 float32 + int32 label, batch {BATCH}, one epoch",
+        "rows_per_s_median": med,
+        "rows_per_s_runs": {k: [round(x) for x in v] for k, v in results.items()},
+        "ratio_c_over_a": round(med["c_hvdrunner_tf"] / med["a_raw_pyarrow"], 3),
+        "ratio_c_over_b": round(med["c_hvdrunner_tf"] / med["b_petastorm_default"], 3),
+        "prepare_s": round(prepare_s, 1),
+        "files": len(data.files),
+        "machine": f"{platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()}",
+        "date": time.strftime("%Y-%m-%d"),
+    }
+    RESULTS.parent.mkdir(parents=True, exist_ok=True)
+    RESULTS.write_text(json.dumps(out, indent=2) + "\n")
+    print(json.dumps(out, indent=2))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,198 @@
+"""MLflow across a Horovod job: one run, written by rank 0 only.
+
+On the driver, :class:`HorovodRunner` hands the active MLflow run (tracking/registry URIs,
+experiment and run ids) and, on Databricks, the workspace host and token to the ranks —
+through the rank processes' environment only, over the job's authenticated channel, never
+in the pickled payload, a file, a log line, a param or a tag. In the ranks, the helpers
+below are safe on every rank: only rank 0 writes, and only when the driver had a run.
+With no active run nothing is logged: no rank ever starts a run of its own.
+
+Example (notebook):
+    >>> import mlflow
+    >>> with mlflow.start_run():                       # doctest: +SKIP
+    ...     HorovodRunner(np=2).run(train)             # rank 0 logs into this run
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import sys
+import tempfile
+from collections.abc import Iterator, Mapping
+from typing import Any
+
+from hvdrunner.distributed import is_rank0
+
+RUN_ID_ENV = "HVDRUNNER_MLFLOW_RUN_ID"
+EXPERIMENT_ID_ENV = "HVDRUNNER_MLFLOW_EXPERIMENT_ID"
+_SECRET_ENV = ("DATABRICKS_TOKEN",)
+ERROR_TAG = "hvdrunner.error"
+
+
+# -- driver side ---------------------------------------------------------------------------
+def _databricks_credentials() -> dict[str, str]:
+    """Workspace host and token from the notebook context (Databricks only; else empty)."""
+    if "DATABRICKS_RUNTIME_VERSION" not in os.environ:
+        return {}
+    try:
+        from databricks.sdk.runtime import dbutils
+
+        ctx = dbutils.notebook.entry_point.getDbutils().notebook().getContext()
+        return {"DATABRICKS_HOST": ctx.apiUrl().get(), "DATABRICKS_TOKEN": ctx.apiToken().get()}
+    except Exception:  # noqa: BLE001 - a job cluster without a notebook context
+        return {}
+
+
+def driver_context() -> dict[str, str]:
+    """Environment for the ranks: the active run and its store, or nothing without a run."""
+    try:
+        import mlflow
+    except ImportError:
+        return {}
+    run = mlflow.active_run()
+    if run is None:
+        return {}
+    env = {
+        "MLFLOW_TRACKING_URI": mlflow.get_tracking_uri(),
+        "MLFLOW_REGISTRY_URI": mlflow.get_registry_uri(),
+        RUN_ID_ENV: run.info.run_id,
+        EXPERIMENT_ID_ENV: run.info.experiment_id,
+    }
+    env.update(_databricks_credentials())
+    return env
+
+
+def secrets_in(env: Mapping[str, str]) -> list[str]:
+    """The secret values among ``env`` (to scrub from anything shown or stored)."""
+    return [env[k] for k in _SECRET_ENV if env.get(k)]
+
+
+def scrub(text: str, secrets: list[str]) -> str:
+    for s in secrets:
+        text = text.replace(s, "[REDACTED]")
+    return text
+
+
+def mark_failed(error_summary: str, secrets: list[str]) -> None:
+    """End the driver's active run FAILED with the error summary as a tag (no-op without one)."""
+    import mlflow
+
+    run = mlflow.active_run()
+    if run is None:
+        return
+    mlflow.set_tag(ERROR_TAG, scrub(error_summary, secrets)[:4000])
+    mlflow.end_run(status="FAILED")
+
+
+@contextlib.contextmanager
+def mlflow_run(
+    experiment: str | None = None, run_name: str | None = None, tracking_uri: str | None = None
+) -> Iterator[Any]:
+    """Start an MLflow run for a job when the notebook has none; ends FAILED on error.
+
+    Example:
+        >>> with mlflow_run(experiment="digits", run_name="np2"):   # doctest: +SKIP
+        ...     HorovodRunner(np=2).run(train)
+    """
+    import mlflow
+
+    if tracking_uri:
+        mlflow.set_tracking_uri(tracking_uri)
+    if experiment:
+        mlflow.set_experiment(experiment)
+    uri = mlflow.get_tracking_uri()
+    with mlflow.start_run(run_name=run_name) as run:
+        yield run
+    if uri.startswith("sqlite:"):
+        print(
+            f"[hvdrunner] view the run: mlflow ui --backend-store-uri {uri}",
+            file=sys.stderr,
+            flush=True,
+        )
+
+
+# -- rank side -------------------------------------------------------------------------------
+def run_id() -> str | None:
+    """The run rank 0 writes to, or ``None`` when the driver had no active run."""
+    return os.environ.get(RUN_ID_ENV) or None
+
+
+def _client() -> Any | None:
+    if not is_rank0() or run_id() is None:
+        return None
+    from mlflow import MlflowClient
+
+    return MlflowClient()
+
+
+def log_params(params: Mapping[str, Any]) -> None:
+    """Log params to the job's run (rank 0 only; a no-op elsewhere or without a run)."""
+    client = _client()
+    if client is not None:
+        from mlflow.entities import Param
+
+        client.log_batch(
+            run_id(), params=[Param(k, str(v)) for k, v in params.items()], synchronous=True
+        )
+
+
+def log_metrics(metrics: Mapping[str, float], step: int | None = None) -> None:
+    """Log metrics at ``step`` (rank 0 only). Average across ranks *before* calling this."""
+    client = _client()
+    if client is not None:
+        import time
+
+        from mlflow.entities import Metric
+
+        now = int(time.time() * 1000)
+        client.log_batch(
+            run_id(),
+            metrics=[Metric(k, float(v), now, step or 0) for k, v in metrics.items()],
+            synchronous=True,
+        )
+
+
+def set_tags(tags: Mapping[str, Any]) -> None:
+    """Set tags on the job's run (rank 0 only)."""
+    client = _client()
+    if client is not None:
+        from mlflow.entities import RunTag
+
+        client.log_batch(
+            run_id(), tags=[RunTag(k, str(v)) for k, v in tags.items()], synchronous=True
+        )
+
+
+def log_model(
+    model: Any, input_example: Any, artifact_path: str = "model", registered_name: str | None = None
+) -> str | None:
+    """Log a Keras model with its signature (from ``input_example``); rank 0 only.
+
+    Returns the model URI (``runs:/<run>/<artifact_path>``) on rank 0, ``None`` elsewhere.
+    The model loads with ``mlflow.pyfunc.load_model`` / ``mlflow.pyfunc.spark_udf``.
+    ``registered_name`` also registers it (a three-level Unity Catalog name on Databricks).
+    """
+    client = _client()
+    if client is None:
+        return None
+    import mlflow
+    from mlflow.models import infer_signature
+
+    signature = infer_signature(input_example, model.predict(input_example, verbose=0))
+    with tempfile.TemporaryDirectory() as tmp:
+        path = os.path.join(tmp, artifact_path)
+        # Without the optimizer: a DistributedOptimizer's graph holds Horovod ops that would
+        # make the model unloadable wherever horovod is not imported (serving, the driver).
+        mlflow.tensorflow.save_model(
+            model,
+            path,
+            signature=signature,
+            input_example=input_example,
+            keras_model_kwargs={"include_optimizer": False},
+        )
+        client.log_artifacts(run_id(), path, artifact_path=artifact_path)
+    uri = f"runs:/{run_id()}/{artifact_path}"
+    if registered_name:
+        mlflow.register_model(uri, registered_name)
+    return uri

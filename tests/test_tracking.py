@@ -1,0 +1,158 @@
+"""MLflow across real 2-rank jobs, in a real sqlite store under a tmp dir.
+
+The Databricks workspace cannot exist here: its credential lookup (the notebook context) is
+the one thing replaced, by a fake token, to prove the token reaches ranks and nothing else.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import mlflow
+import numpy as np
+import pytest
+
+from hvdrunner import HorovodRunner, HorovodRunnerError, tracking
+
+FAKE_TOKEN = "dapi-FAKE-TOKEN-0123456789abcdef"
+
+
+@pytest.fixture()
+def store(tmp_path: Path):
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    previous = mlflow.get_tracking_uri()
+    mlflow.set_tracking_uri(uri)
+    exp = mlflow.create_experiment("hvdrunner-tests", artifact_location=str(tmp_path / "artifacts"))
+    mlflow.set_experiment(experiment_id=exp)
+    yield tmp_path, exp
+    while mlflow.active_run():
+        mlflow.end_run()
+    mlflow.set_tracking_uri(previous)
+
+
+def train_tracked(epochs: int) -> dict:
+    import horovod.tensorflow.keras as hvd
+    import tensorflow as tf
+
+    from hvdrunner.keras import MLflowCallback
+
+    hvd.init()
+    tracking.log_params({"epochs": epochs, "lr": 0.05})  # every rank calls; rank 0 writes
+    tracking.set_tags({"stage": "test"})
+
+    class RankValue(tf.keras.callbacks.Callback):
+        """Ranks report different local values on purpose: 1.0 and 3.0 → logged mean 2.0."""
+
+        def on_epoch_end(self, epoch, logs=None):
+            logs["rank_value"] = 1.0 + 2.0 * hvd.rank()
+
+    rng = np.random.default_rng(hvd.rank())
+    x = rng.normal(size=(64, 3)).astype("float32")
+    y = x.sum(axis=1, keepdims=True)
+    model = tf.keras.Sequential([tf.keras.Input(shape=(3,)), tf.keras.layers.Dense(1)])
+    model.compile(optimizer=hvd.DistributedOptimizer(tf.keras.optimizers.SGD(0.05)), loss="mse")
+    hist = model.fit(
+        x,
+        y,
+        batch_size=16,
+        epochs=epochs,
+        verbose=0,
+        callbacks=[
+            hvd.callbacks.BroadcastGlobalVariablesCallback(0),
+            RankValue(),
+            MLflowCallback(),
+        ],
+    )
+    uri = tracking.log_model(model, input_example=x[:4])
+    return {
+        "uri": uri,
+        "loss": hist.history["loss"],
+        "token_seen": os.environ.get("DATABRICKS_TOKEN") == FAKE_TOKEN,
+    }
+
+
+def _all_runs():
+    return mlflow.search_runs(search_all_experiments=True, output_format="list")
+
+
+@pytest.mark.timeout(300)
+def test_one_run_rank0_writes_averaged_metrics_and_model(spark, store):
+    with mlflow.start_run() as run:
+        result = HorovodRunner(np=2).run(train_tracked, epochs=3)
+    runs = _all_runs()
+    assert [r.info.run_id for r in runs] == [run.info.run_id]  # no run per rank
+    finished = mlflow.get_run(run.info.run_id)
+    assert finished.info.status == "FINISHED"
+    assert finished.data.params == {"epochs": "3", "lr": "0.05"}
+    assert finished.data.tags["stage"] == "test"
+    client = mlflow.MlflowClient()
+    for name in ("loss", "rank_value"):
+        history = client.get_metric_history(run.info.run_id, name)
+        assert sorted(m.step for m in history) == [0, 1, 2]  # one value per epoch, no duplicates
+    assert {m.value for m in client.get_metric_history(run.info.run_id, "rank_value")} == {2.0}
+    logged_loss = [
+        m.value
+        for m in sorted(client.get_metric_history(run.info.run_id, "loss"), key=lambda m: m.step)
+    ]
+    np.testing.assert_allclose(logged_loss, result["loss"], rtol=1e-6)  # history holds the averages
+    model = mlflow.pyfunc.load_model(result["uri"])
+    assert model.predict(np.ones((2, 3), dtype="float32")).shape == (2, 1)
+    assert model.metadata.signature is not None
+
+
+def fail_after_logging() -> None:
+    import horovod.tensorflow as hvd
+
+    hvd.init()
+    tracking.log_params({"about_to": "fail"})
+    if hvd.rank() == 1:
+        raise RuntimeError(f"boom with {os.environ.get('DATABRICKS_TOKEN')}")
+    hvd.allreduce(np.float32(1.0))  # rank 0 waits in a collective until aborted
+    import time
+
+    time.sleep(60)
+
+
+@pytest.mark.timeout(120)
+def test_failed_job_ends_the_run_failed_with_error_tag(store):
+    with pytest.raises(HorovodRunnerError), mlflow.start_run() as run:
+        HorovodRunner(np=-2).run(fail_after_logging)
+    failed = mlflow.get_run(run.info.run_id)
+    assert failed.info.status == "FAILED"
+    assert "Rank 1 failed with RuntimeError: boom" in failed.data.tags[tracking.ERROR_TAG]
+
+
+def test_without_an_active_run_nothing_is_logged(store):
+    HorovodRunner(np=-2).run(train_tracked, epochs=1)
+    assert _all_runs() == []
+
+
+def print_token_then(fail: bool) -> bool:
+    print(f"token in env: {os.environ.get('DATABRICKS_TOKEN')}", flush=True)
+    if fail:
+        raise ValueError(f"bad credentials {os.environ['DATABRICKS_TOKEN']}")
+    return os.environ.get("DATABRICKS_TOKEN") == FAKE_TOKEN
+
+
+@pytest.mark.timeout(300)
+def test_fake_token_reaches_ranks_and_nowhere_else(store, monkeypatch, capfd):
+    tmp, _ = store
+    monkeypatch.setattr(
+        tracking,
+        "_databricks_credentials",
+        lambda: {"DATABRICKS_HOST": "https://fake.example", "DATABRICKS_TOKEN": FAKE_TOKEN},
+    )
+    with mlflow.start_run():
+        result = HorovodRunner(np=-2).run(train_tracked, epochs=1)
+        assert result["token_seen"]  # the rank process has it in its environment
+        assert HorovodRunner(np=-2, driver_log_verbosity="all").run(print_token_then, fail=False)
+    with pytest.raises(HorovodRunnerError) as info, mlflow.start_run():
+        HorovodRunner(np=-2, driver_log_verbosity="all").run(print_token_then, fail=True)
+    out, err = capfd.readouterr()
+    assert "token in env: [REDACTED]" in out
+    assert FAKE_TOKEN not in out + err
+    assert FAKE_TOKEN not in str(info.value) and "[REDACTED]" in str(info.value)
+    for path in tmp.rglob("*"):  # the sqlite store and every artifact
+        if path.is_file():
+            assert FAKE_TOKEN.encode() not in path.read_bytes(), path
