@@ -28,8 +28,19 @@ def spark() -> Iterator[object]:
 
 
 @pytest.fixture()
-def tracking_uri(tmp_path: Path) -> str:
-    return f"sqlite:///{tmp_path / 'mlflow.db'}"
+def store(tmp_path: Path):
+    """A real MLflow sqlite store and experiment under tmp_path; yields (tmp_path, exp id)."""
+    import mlflow
+
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    previous = mlflow.get_tracking_uri()
+    mlflow.set_tracking_uri(uri)
+    exp = mlflow.create_experiment("hvdrunner-tests", artifact_location=str(tmp_path / "artifacts"))
+    mlflow.set_experiment(experiment_id=exp)
+    yield tmp_path, exp
+    while mlflow.active_run():
+        mlflow.end_run()
+    mlflow.set_tracking_uri(previous)
 
 
 @pytest.fixture()

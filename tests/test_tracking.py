@@ -7,7 +7,6 @@ the one thing replaced, by a fake token, to prove the token reaches ranks and no
 from __future__ import annotations
 
 import os
-from pathlib import Path
 
 import mlflow
 import numpy as np
@@ -16,19 +15,6 @@ import pytest
 from hvdrunner import HorovodRunner, HorovodRunnerError, tracking
 
 FAKE_TOKEN = "dapi-FAKE-TOKEN-0123456789abcdef"
-
-
-@pytest.fixture()
-def store(tmp_path: Path):
-    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
-    previous = mlflow.get_tracking_uri()
-    mlflow.set_tracking_uri(uri)
-    exp = mlflow.create_experiment("hvdrunner-tests", artifact_location=str(tmp_path / "artifacts"))
-    mlflow.set_experiment(experiment_id=exp)
-    yield tmp_path, exp
-    while mlflow.active_run():
-        mlflow.end_run()
-    mlflow.set_tracking_uri(previous)
 
 
 def train_tracked(epochs: int) -> dict:

@@ -1,4 +1,4 @@
-"""Keras callbacks for HorovodRunner jobs.
+"""Keras for HorovodRunner jobs: :func:`fit` (the whole integration) and callbacks.
 
 Imports TensorFlow on first use only, so ``import hvdrunner`` stays light on the driver.
 """
@@ -7,8 +7,11 @@ from __future__ import annotations
 
 from typing import Any
 
+from hvdrunner._keras_fit import FitConfig, FitResult, fit
 from hvdrunner._logging import log_to_driver
 from hvdrunner.distributed import is_rank0
+
+__all__ = ["FitConfig", "FitResult", "LogCallback", "MLflowCallback", "average_metrics", "fit"]
 
 
 def _keras_callback_base() -> type:
