@@ -3,7 +3,11 @@
 from __future__ import annotations
 
 import argparse
+import json
+import os
 import sys
+
+DEMO_NOTEBOOKS = ("01_prepare_data.py", "02_train_keras.py", "03_batch_inference.py")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -19,22 +23,55 @@ def main(argv: list[str] | None = None) -> int:
         "--master", default=None, help="also start Spark with this master and count task slots"
     )
     demo = sub.add_parser(
-        "demo", help="train a small Keras model on 2 Horovod ranks over local Spark"
+        "demo", help="run notebooks 01 -> 02 -> 03 locally: Horovod ranks on local Spark"
     )
+    demo.add_argument("--notebooks", default="notebooks", help="folder holding the three notebooks")
     demo.add_argument("--np", type=int, default=2)
-    demo.add_argument("--epochs", type=int, default=8)
+    demo.add_argument("--epochs", type=int, default=10)
     demo.add_argument("--master", default="local[2]")
-    demo.add_argument("--tracking-uri", default="sqlite:///mlflow.db")
+    demo.add_argument("--workdir", default=".hvdrunner/demo", help="data, cache and task values")
     args = parser.parse_args(argv)
     if args.command == "doctor":
         from hvdrunner.doctor import run_doctor
 
         return run_doctor(args.master)
-    from hvdrunner._demo import run_demo
+    return _demo(args)
 
-    return run_demo(
-        np=args.np, epochs=args.epochs, master=args.master, tracking_uri=args.tracking_uri
-    )
+
+def _demo(args: argparse.Namespace) -> int:
+    """The README's main job: the three notebooks chained as one local job."""
+    import mlflow
+
+    from hvdrunner import notebook
+
+    paths = [os.path.join(args.notebooks, name) for name in DEMO_NOTEBOOKS]
+    missing = [p for p in paths if not os.path.isfile(p)]
+    if missing:
+        print(
+            f"ERROR: notebooks not found: {missing}; pass --notebooks DIR (the repo's notebooks/)",
+            file=sys.stderr,
+        )
+        return 2
+    values = os.path.join(args.workdir, "task_values.json")
+    if os.path.exists(values):
+        os.remove(values)  # a fresh chain never reads a previous run's task values
+    params = {
+        "np": str(args.np),
+        "epochs": str(args.epochs),
+        "output_dir": os.path.join(args.workdir, "data"),
+        "cache_dir": os.path.join(args.workdir, "cache"),
+        "predictions_path": os.path.join(args.workdir, "predictions"),
+    }
+    code = notebook.run(paths, params, values, args.master)
+    if code:
+        return code
+    with open(values) as f:
+        out = json.load(f)
+    print("\n==== hvdrunner demo ====")
+    print(f"test accuracy: {out['batch_inference']['test_accuracy']:.3f}")
+    print(f"MLflow run id: {out['train_keras']['run_id']}")
+    print(f"view it:       mlflow ui --backend-store-uri {mlflow.get_tracking_uri()}")
+    return 0
 
 
 if __name__ == "__main__":

@@ -1,0 +1,81 @@
+"""Training data for the notebooks: a source DataFrame, split and written for the next task."""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+from hvdrunner import _paths
+
+DIGITS = "sklearn:digits"
+
+
+def on_databricks() -> bool:
+    return "DATABRICKS_RUNTIME_VERSION" in os.environ
+
+
+def load_digits_df(spark: Any) -> Any:
+    """scikit-learn's bundled digits (1,797 8×8 images, no download) as ``pixels``/``label``.
+
+    Example:
+        >>> df = load_digits_df(spark)  # doctest: +SKIP
+        >>> df.columns  # doctest: +SKIP
+        ['pixels', 'label']
+    """
+    from sklearn.datasets import load_digits
+
+    x, y = load_digits(return_X_y=True)
+    rows = [
+        ((row / 16.0).astype("float32").tolist(), int(label))
+        for row, label in zip(x, y, strict=True)
+    ]
+    return spark.createDataFrame(rows, "pixels array<float>, label int")
+
+
+def load_source(spark: Any, source: str) -> Any:
+    """``sklearn:digits`` (or empty), a table name (``catalog.schema.table``), or a path.
+
+    Raises:
+        ValueError: a path or table that does not exist.
+    """
+    source = (source or "").strip()
+    if source in ("", DIGITS):
+        return load_digits_df(spark)
+    if "/" in source or ":" in source:
+        fmt = "delta" if on_databricks() else "parquet"
+        try:
+            return spark.read.format(fmt).load(source)
+        except Exception as exc:  # noqa: BLE001 - Spark raises AnalysisException and friends
+            raise ValueError(
+                f"source={source!r}: cannot read it as {fmt} ({exc}). Pass a table name, a path, or {DIGITS!r}."
+            ) from exc
+    if not spark.catalog.tableExists(source):
+        raise ValueError(
+            f"source={source!r}: no such table. Pass a table name, a path, or {DIGITS!r}."
+        )
+    return spark.table(source)
+
+
+def split_and_write(
+    df: Any, output_dir: str, test_fraction: float = 0.2, seed: int = 0
+) -> dict[str, str]:
+    """Split ``df`` into train/test and write both (Delta on Databricks, Parquet locally).
+
+    Returns ``{"train_path", "test_path", "format"}`` to pass on as task values.
+    """
+    if not 0 < test_fraction < 1:
+        raise ValueError(f"test_fraction must be between 0 and 1, got {test_fraction!r}")
+    fmt = "delta" if on_databricks() else "parquet"
+    root = _paths.resolve(output_dir)
+    train, test = df.randomSplit([1 - test_fraction, test_fraction], seed=seed)
+    out = {"format": fmt}
+    for name, part in (("train", train), ("test", test)):
+        loc = root.join(name)
+        part.write.format(fmt).mode("overwrite").save(loc.spark_url)
+        out[f"{name}_path"] = loc.spark_url
+    return out
+
+
+def read(spark: Any, path: str) -> Any:
+    """Read what :func:`split_and_write` wrote."""
+    return spark.read.format("delta" if on_databricks() else "parquet").load(path)

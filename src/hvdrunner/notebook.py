@@ -1,0 +1,185 @@
+"""Run Databricks source-format notebooks locally: ``python -m hvdrunner.notebook run …``.
+
+    python -m hvdrunner.notebook run notebooks/01_prepare_data.py notebooks/02_train_keras.py \\
+        --param epochs=2 --param np=2
+
+Cells (split at ``# COMMAND ----------``) run in order in one namespace holding ``spark``
+(local Spark), ``dbutils`` (widgets, task values, ``notebook.exit``) and ``display``.
+Markdown cells are shown as a heading; ``%pip`` and other magics are skipped with a note.
+Several notebooks in one command share the Spark session and their task values, like the
+tasks of one job. An error names the notebook, the cell number and the line.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import sys
+import time
+import traceback
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from hvdrunner._notebook_shim import LocalDbutils, NotebookExit, display
+
+HEADER = "# Databricks notebook source"
+SEPARATOR = re.compile(r"^# COMMAND -{10,}\s*$", re.MULTILINE)
+
+
+@dataclass(frozen=True)
+class Cell:
+    number: int  # 1-based, as Databricks shows them
+    source: str
+    first_line: int  # line of the file where the cell starts
+
+    @property
+    def magic(self) -> str | None:
+        """``md``, ``pip``, ``sh``… when every code line is ``# MAGIC``; else ``None``."""
+        lines = [line for line in self.source.splitlines() if line.strip()]
+        if lines and all(line.startswith("# MAGIC") for line in lines):
+            m = re.match(r"# MAGIC\s*%(\w+)", lines[0])
+            return m.group(1) if m else "md"
+        return None
+
+
+class NotebookError(RuntimeError):
+    """A cell failed; the message names the notebook, cell and line."""
+
+
+def parse(path: str | os.PathLike[str]) -> list[Cell]:
+    """Split a source-format notebook into cells.
+
+    Raises:
+        ValueError: the file does not start with the Databricks source header.
+    """
+    text = Path(path).read_text()
+    if not text.startswith(HEADER):
+        raise ValueError(
+            f"{path}: not a Databricks source notebook (first line must be {HEADER!r})"
+        )
+    body = text[len(HEADER) :]
+    cells, line = [], 2
+    for n, chunk in enumerate(SEPARATOR.split(body), start=1):
+        cells.append(Cell(n, chunk.strip("\n"), line + len(chunk) - len(chunk.lstrip("\n"))))
+        line += chunk.count("\n") + 1
+    return cells
+
+
+def task_key(path: str | os.PathLike[str]) -> str:
+    """``notebooks/02_train_keras.py`` → ``train_keras`` (the job's task key)."""
+    return re.sub(r"^\d+_", "", Path(path).stem)
+
+
+def _say(msg: str) -> None:
+    print(f"[notebook] {msg}", flush=True)
+
+
+def run_notebook(path: str, namespace: dict[str, Any]) -> str | None:
+    """Run one notebook's cells in ``namespace``; returns its ``dbutils.notebook.exit`` value."""
+    cells = parse(path)
+    name = Path(path).name
+    _say(f"{name}: {len(cells)} cells")
+    for cell in cells:
+        magic = cell.magic
+        if magic == "md":
+            title = next(
+                (
+                    ln[len("# MAGIC") :].strip(" %md#")
+                    for ln in cell.source.splitlines()
+                    if ln.strip("# MAGIC %md")
+                ),
+                "",
+            )
+            _say(f"{name} cell {cell.number}: {title}".rstrip(": "))
+            continue
+        if magic is not None:
+            _say(
+                f"{name} cell {cell.number}: skipped %{magic} (not run locally; the local environment is already installed)"
+            )
+            continue
+        # Pad with newlines so tracebacks carry the file's own line numbers.
+        code = compile(
+            "\n" * (cell.first_line - 1) + cell.source, f"{path} [cell {cell.number}]", "exec"
+        )
+        try:
+            exec(code, namespace)  # noqa: S102 - running the user's notebook is the point
+        except NotebookExit as done:
+            _say(f"{name}: exited with {done.value!r}")
+            return done.value
+        except Exception as exc:
+            tb = traceback.extract_tb(exc.__traceback__)
+            line = next(
+                (f.lineno for f in reversed(tb) if f.filename.endswith(f"[cell {cell.number}]")),
+                None,
+            )
+            traceback.print_exc()
+            raise NotebookError(
+                f"{name}: cell {cell.number} failed at line {line}: {type(exc).__name__}: {exc}"
+            ) from exc
+    return None
+
+
+def run(paths: list[str], params: dict[str, str], task_values_file: str, master: str) -> int:
+    from hvdrunner.spark import local_session
+
+    t0 = time.monotonic()
+    spark = local_session(master, app_name="hvdrunner-notebooks")
+    spark.sparkContext.setLogLevel("ERROR")
+    try:
+        for i, path in enumerate(paths, start=1):
+            _say(f"[{i}/{len(paths)}] running {path} (task {task_key(path)})")
+            dbutils = LocalDbutils(params, task_values_file, task_key(path))
+            namespace = {
+                "__name__": "__main__",
+                "spark": spark,
+                "sc": spark.sparkContext,
+                "dbutils": dbutils,
+                "display": display,
+            }
+            run_notebook(path, namespace)
+    except NotebookError as exc:
+        print(f"\nERROR: {exc}", file=sys.stderr, flush=True)
+        return 1
+    finally:
+        spark.stop()
+    _say(f"done: {len(paths)} notebook(s) in {time.monotonic() - t0:.0f}s")
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m hvdrunner.notebook",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    sub = parser.add_subparsers(dest="command", required=True)
+    r = sub.add_parser("run", help="run notebooks in order, sharing Spark and task values")
+    r.add_argument("notebooks", nargs="+")
+    r.add_argument(
+        "--param",
+        action="append",
+        default=[],
+        metavar="NAME=VALUE",
+        help="widget value (repeatable)",
+    )
+    r.add_argument(
+        "--task-values", default=".hvdrunner/task_values.json", help="where task values persist"
+    )
+    r.add_argument("--master", default=os.environ.get("HVDRUNNER_SPARK_MASTER", "local[2]"))
+    args = parser.parse_args(argv)
+    params = {}
+    for item in args.param:
+        if "=" not in item:
+            parser.error(f"--param {item!r}: expected NAME=VALUE")
+        key, value = item.split("=", 1)
+        params[key.strip()] = value
+    for path in args.notebooks:
+        if not Path(path).is_file():
+            parser.error(f"{path}: no such notebook")
+    return run(args.notebooks, params, args.task_values, args.master)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
