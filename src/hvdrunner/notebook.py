@@ -67,6 +67,15 @@ def parse(path: str | os.PathLike[str]) -> list[Cell]:
     return cells
 
 
+def _markdown_title(source: str) -> str:
+    """The first non-empty text line of a ``# MAGIC %md`` cell, without markup."""
+    for line in source.splitlines():
+        text = line.removeprefix("# MAGIC").strip().removeprefix("%md").strip().lstrip("#").strip()
+        if text:
+            return text
+    return ""
+
+
 def task_key(path: str | os.PathLike[str]) -> str:
     """``notebooks/02_train_keras.py`` → ``train_keras`` (the job's task key)."""
     return re.sub(r"^\d+_", "", Path(path).stem)
@@ -84,14 +93,7 @@ def run_notebook(path: str, namespace: dict[str, Any]) -> str | None:
     for cell in cells:
         magic = cell.magic
         if magic == "md":
-            title = next(
-                (
-                    ln[len("# MAGIC") :].strip(" %md#")
-                    for ln in cell.source.splitlines()
-                    if ln.strip("# MAGIC %md")
-                ),
-                "",
-            )
+            title = _markdown_title(cell.source)
             _say(f"{name} cell {cell.number}: {title}".rstrip(": "))
             continue
         if magic is not None:
