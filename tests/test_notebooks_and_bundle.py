@@ -1,0 +1,121 @@
+"""The shipped notebooks and the asset bundle: format, widgets vs job parameters, schema,
+and the three notebooks executed end to end as a local job (real Spark, Horovod, MLflow)."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import mlflow
+import pytest
+import yaml
+
+from hvdrunner.notebook import parse, task_key
+
+ROOT = Path(__file__).resolve().parents[1]
+NOTEBOOKS = sorted((ROOT / "notebooks").glob("*.py"))
+VALIDATOR = ROOT.parent / "shared" / "tools" / "validate_bundle.py"
+
+
+def _widgets(path: Path) -> set[str]:
+    return set(
+        re.findall(r'dbutils\.widgets\.(?:text|dropdown|combobox)\(\s*"(\w+)"', path.read_text())
+    )
+
+
+def _jobs() -> dict:
+    jobs = {}
+    for path in sorted((ROOT / "resources").glob("*.yml")):
+        doc = yaml.safe_load(path.read_text())
+        for name, job in doc.get("resources", {}).get("jobs", {}).items():
+            jobs[name] = (path, job)
+    return jobs
+
+
+def test_there_are_three_notebooks():
+    assert [p.name for p in NOTEBOOKS] == [
+        "01_prepare_data.py",
+        "02_train_keras.py",
+        "03_batch_inference.py",
+    ]
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.name)
+def test_notebook_format(path):
+    cells = parse(path)
+    assert cells[0].magic == "md", "first cell must be markdown saying what the notebook does"
+    assert "widget" in cells[0].source  # documents its parameters
+    assert any(c.magic == "pip" and "-r ../requirements.txt" in c.source for c in cells)
+    source = path.read_text()
+    for needle in ("model.fit(", "for epoch", "hvd.init(", ".write.parquet("):
+        assert needle not in source, (
+            f"{path.name}: {needle!r} belongs in src/hvdrunner, not a notebook"
+        )
+    for widget in _widgets(path):
+        assert f"`{widget}`" in cells[0].source, f"{path.name}: widget {widget!r} is not documented"
+
+
+def test_bundle_against_official_schema():
+    if not VALIDATOR.exists():
+        pytest.skip("shared/tools/validate_bundle.py is not beside this checkout (CI has it)")
+    proc = subprocess.run(
+        [sys.executable, str(VALIDATOR), str(ROOT)], capture_output=True, text=True
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
+def test_jobs_load_with_databricks_bundles_and_match_the_notebooks():
+    from databricks.bundles.jobs import Job
+
+    jobs = _jobs()
+    assert list(jobs) == ["hvdrunner_train"]
+    path, raw = jobs["hvdrunner_train"]
+    job = Job.from_dict(raw)
+    assert job.name == "${bundle.target}-hvdrunner-train"
+    keys = [t.task_key for t in job.tasks]
+    assert keys == ["prepare_data", "train_keras", "batch_inference"]
+    for task in job.tasks:
+        notebook = (path.parent / task.notebook_task.notebook_path).resolve()
+        assert notebook.is_file(), f"{task.task_key}: {notebook} does not exist"
+        assert task_key(notebook) == task.task_key  # task values chain by these keys
+        unknown = set(task.notebook_task.base_parameters) - _widgets(notebook)
+        assert not unknown, f"{task.task_key}: base parameters without a widget: {unknown}"
+        assert task.job_cluster_key == "gpu_cluster"
+        assert [lib.whl for lib in task.libraries] == ["../dist/*.whl"]
+    cluster = raw["job_clusters"][0]["new_cluster"]
+    assert cluster["spark_conf"]["spark.task.resource.gpu.amount"] == "1"
+    bundle = yaml.safe_load((ROOT / "databricks.yml").read_text())
+    assert bundle["variables"]["spark_version"]["default"] == "15.4.x-gpu-ml-scala2.12"
+    assert {k: v.get("mode") for k, v in bundle["targets"].items()} == {
+        "dev": "development",
+        "prod": "production",
+    }
+    assert bundle["targets"]["dev"]["default"] is True
+
+
+@pytest.mark.timeout(600)
+def test_the_three_notebooks_run_as_a_local_job(tmp_path):
+    env = dict(os.environ, MLFLOW_TRACKING_URI=f"sqlite:///{tmp_path / 'mlflow.db'}")
+    proc = subprocess.run(
+        [sys.executable, "-m", "hvdrunner", "demo", "--notebooks", str(ROOT / "notebooks"),
+         "--epochs", "4", "--workdir", str(tmp_path / "demo")],
+        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=540,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
+    values = json.loads((tmp_path / "demo" / "task_values.json").read_text())
+    assert set(values) == {"prepare_data", "train_keras", "batch_inference"}
+    accuracy = values["batch_inference"]["test_accuracy"]
+    assert accuracy > 0.8  # 4 epochs on digits; the 10-epoch demo reaches ~0.96
+    assert f"test accuracy: {accuracy:.3f}" in proc.stdout
+    mlflow.set_tracking_uri(env["MLFLOW_TRACKING_URI"])
+    try:
+        run = mlflow.get_run(values["train_keras"]["run_id"])
+        assert run.info.status == "FINISHED"
+        assert run.data.metrics["test_accuracy"] == pytest.approx(accuracy)
+        assert (tmp_path / "demo" / "predictions").is_dir()
+    finally:
+        mlflow.set_tracking_uri(None)
