@@ -142,3 +142,35 @@ def test_fake_token_reaches_ranks_and_nowhere_else(store, monkeypatch, capfd):
     for path in tmp.rglob("*"):  # the sqlite store and every artifact
         if path.is_file():
             assert FAKE_TOKEN.encode() not in path.read_bytes(), path
+
+
+def fit_with_autolog() -> None:
+    import horovod.tensorflow.keras as hvd
+    import tensorflow as tf
+
+    hvd.init()
+    tracking.autolog(log_models=False, log_datasets=False)
+    x = np.ones((32, 2), dtype="float32") * (1 + hvd.rank())
+    model = tf.keras.Sequential([tf.keras.Input(shape=(2,)), tf.keras.layers.Dense(1)])
+    model.compile(optimizer=hvd.DistributedOptimizer(tf.keras.optimizers.SGD(0.01)), loss="mse")
+    model.fit(
+        x,
+        x[:, :1],
+        epochs=2,
+        batch_size=8,
+        verbose=0,
+        callbacks=[hvd.callbacks.MetricAverageCallback()],
+    )
+
+
+@pytest.mark.timeout(180)
+def test_autolog_on_rank0_only_into_the_job_run(store):
+    with mlflow.start_run() as run:
+        HorovodRunner(np=-2).run(fit_with_autolog)
+    assert [r.info.run_id for r in _all_runs()] == [run.info.run_id]
+    logged = mlflow.get_run(run.info.run_id)
+    assert logged.data.params["epochs"] == "2"  # written by autolog
+    assert sorted(
+        m.step for m in mlflow.MlflowClient().get_metric_history(run.info.run_id, "loss")
+    ) == [0, 1]
+    assert logged.info.status == "FINISHED"

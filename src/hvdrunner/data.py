@@ -123,7 +123,8 @@ class PreparedData:
         try:
             yield ds
         finally:
-            del ds  # the generator (and its open files) goes with the dataset
+            # Pieces are opened, read and closed one at a time: no reader outlives the block.
+            del ds
 
     def _structure(self, batch: dict[str, Any]) -> Any:
         x = batch[self.features[0]] if self.single_feature else {f: batch[f] for f in self.features}

@@ -164,6 +164,24 @@ def set_tags(tags: Mapping[str, Any]) -> None:
         )
 
 
+def autolog(**kwargs: Any) -> None:
+    """Turn on ``mlflow.tensorflow.autolog(**kwargs)`` on rank 0 only, into the job's run.
+
+    Other ranks (and jobs without a driver run) do nothing, so autolog never opens a run per
+    rank. Put Horovod's ``MetricAverageCallback`` in your callbacks so the autologged epoch
+    metrics are averages over ranks.
+    """
+    if _client() is None:
+        return
+    import mlflow
+
+    if mlflow.active_run() is None:
+        # Resume the driver's run in this process; it is never ended here (the rank exits
+        # without running mlflow's atexit hook), so its status stays the driver's to set.
+        mlflow.start_run(run_id=run_id())
+    mlflow.tensorflow.autolog(**kwargs)
+
+
 def log_model(
     model: Any, input_example: Any, artifact_path: str = "model", registered_name: str | None = None
 ) -> str | None:
