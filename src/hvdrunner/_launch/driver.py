@@ -24,6 +24,7 @@ from horovod.runner.http.http_server import RendezvousServer
 
 from hvdrunner._launch import protocol
 from hvdrunner.errors import HorovodRunnerError
+from hvdrunner.tracking import scrub
 
 #: How long aborted ranks get to report back before ``run()`` raises anyway.
 ABORT_WAIT_S = 10.0
@@ -198,7 +199,7 @@ class DriverService:
                 continue
             with self._lock:
                 conn = self._conns.get(cid)
-            if conn is None:
+            if conn is None or _show_output(kind, payload, emit):
                 continue
             if kind == "register":
                 conn.partition, conn.host = payload["partition"], payload["host"]
@@ -206,12 +207,6 @@ class DriverService:
                 if len(registered) == self.np:
                     self._assign(registered)
                     assigned = True
-            elif kind == "line":
-                rank, stream, text = payload
-                emit(f"[{rank}]<{stream}>: {text}")
-            elif kind == "log":
-                rank, text = payload
-                emit(f"[{rank}] {text}")
             elif kind == "result":
                 result = payload[1]
             elif kind == "exit":
@@ -231,12 +226,18 @@ class DriverService:
             raise failure
         if result is None:
             raise HorovodRunnerError("Rank 0 finished without sending its return value.", rank=0)
-        return cloudpickle.loads(result)
+        try:
+            return cloudpickle.loads(result)
+        except Exception as exc:
+            raise HorovodRunnerError(
+                f"Rank 0's return value could not be unpickled on the driver "
+                f"({type(exc).__name__}: {exc}). Return plain data (numbers, dicts, numpy "
+                f"arrays) rather than objects of modules the driver cannot import.",
+                rank=0,
+            ) from exc
 
     def _scrub(self, text: str) -> str:
-        for secret_value in self._secrets:
-            text = text.replace(secret_value, "[REDACTED]")
-        return text
+        return scrub(text, self._secrets)
 
     def _drain_exits(self, exits: dict[int, dict[str, Any]], emit: Callable[[str], None]) -> None:
         """After an abort, wait briefly so the other ranks are reaped before we return."""
@@ -250,9 +251,21 @@ class DriverService:
                 continue
             if kind == "exit":
                 exits[payload["rank"]] = payload
-            elif kind == "line":
-                rank, stream, text = payload
-                emit(f"[{rank}]<{stream}>: {text}")
+            else:
+                _show_output(kind, payload, emit)
+
+
+def _show_output(kind: str, payload: Any, emit: Callable[[str], None]) -> bool:
+    """Print a rank's output line or ``log_to_driver`` message; False for other events."""
+    if kind == "line":
+        rank, stream, text = payload
+        emit(f"[{rank}]<{stream}>: {text}")
+    elif kind == "log":
+        rank, text = payload
+        emit(f"[{rank}] {text}")
+    else:
+        return False
+    return True
 
 
 def _rank_failure(report: dict[str, Any], scrub: Callable[[str], str]) -> HorovodRunnerError:
