@@ -43,11 +43,10 @@ def store(tmp_path: Path):
     mlflow.set_tracking_uri(previous)
 
 
-@pytest.fixture()
-def cache_dir(tmp_path: Path) -> Path:
-    path = tmp_path / "petastorm-cache"
-    path.mkdir()
-    return path
+@pytest.fixture(scope="session")
+def cache_dir(tmp_path_factory: pytest.TempPathFactory) -> str:
+    """One tmp data cache (hvdrunner.data.prepare) shared by the session's tests."""
+    return str(tmp_path_factory.mktemp("data-cache"))
 
 
 def rank_processes() -> list[psutil.Process]:

@@ -14,11 +14,6 @@ from hvdrunner._paths import resolve
 from hvdrunner.data import prepare
 
 
-@pytest.fixture(scope="module")
-def cache(tmp_path_factory) -> str:
-    return str(tmp_path_factory.mktemp("data-cache"))
-
-
 def _numbered(spark, n: int, width: int = 3):
     from pyspark.sql import functions as F
 
@@ -34,9 +29,9 @@ def _epoch_rows(data, shard: int, count: int, batch: int, **kw) -> np.ndarray:
     return np.concatenate([next(it)["row"] for _ in range(steps)])
 
 
-def test_exactly_once_over_one_epoch(spark, cache):
+def test_exactly_once_over_one_epoch(spark, cache_dir):
     data = prepare(
-        _numbered(spark, 512), features="x", label="row", cache_dir=cache, rows_per_file=50
+        _numbered(spark, 512), features="x", label="row", cache_dir=cache_dir, rows_per_file=50
     )
     seen = [_epoch_rows(data, s, 2, 64) for s in range(2)]
     assert len(seen[0]) == len(seen[1]) == 256
@@ -44,9 +39,9 @@ def test_exactly_once_over_one_epoch(spark, cache):
     assert sorted(union.tolist()) == list(range(512))  # every row, none twice
 
 
-def test_uneven_rows_give_identical_full_steps(spark, cache):
+def test_uneven_rows_give_identical_full_steps(spark, cache_dir):
     data = prepare(
-        _numbered(spark, 1001), features="x", label="row", cache_dir=cache, rows_per_file=97
+        _numbered(spark, 1001), features="x", label="row", cache_dir=cache_dir, rows_per_file=97
     )
     assert data.steps_per_epoch(64, 2) == 8  # ceil(501 / 64)
     epochs = [_epoch_rows(data, s, 2, 64, shuffle=False) for s in range(2)]
@@ -54,9 +49,9 @@ def test_uneven_rows_give_identical_full_steps(spark, cache):
     assert set(np.concatenate(epochs).tolist()) == set(range(1001))  # no row dropped
 
 
-def test_shuffle_is_seeded_and_changes_per_epoch(spark, cache):
+def test_shuffle_is_seeded_and_changes_per_epoch(spark, cache_dir):
     data = prepare(
-        _numbered(spark, 512), features="x", label="row", cache_dir=cache, rows_per_file=50
+        _numbered(spark, 512), features="x", label="row", cache_dir=cache_dir, rows_per_file=50
     )
     steps = data.steps_per_epoch(32, 2)
     it = data.batches(32, cur_shard=0, shard_count=2, seed=7)
@@ -70,7 +65,7 @@ def test_shuffle_is_seeded_and_changes_per_epoch(spark, cache):
     assert not np.array_equal(first, other)
 
 
-def test_array_vector_and_reshape_columns(spark, cache):
+def test_array_vector_and_reshape_columns(spark, cache_dir):
     from pyspark.ml.feature import VectorAssembler
     from pyspark.sql import functions as F
 
@@ -88,7 +83,7 @@ def test_array_vector_and_reshape_columns(spark, cache):
         df,
         features=["vec", "grid", "flat"],
         label="label",
-        cache_dir=cache,
+        cache_dir=cache_dir,
         shapes={"flat": (2, 3)},
     )
     batch = next(data.batches(16, cur_shard=0, shard_count=1, shuffle=False))
@@ -100,8 +95,8 @@ def test_array_vector_and_reshape_columns(spark, cache):
     np.testing.assert_array_equal(batch["grid"][5][1], [1.0, 2.0, 5.0])
 
 
-def test_tf_dataset_structure_and_transform(spark, cache):
-    data = prepare(_numbered(spark, 256), features="x", label="row", cache_dir=cache)
+def test_tf_dataset_structure_and_transform(spark, cache_dir):
+    data = prepare(_numbered(spark, 256), features="x", label="row", cache_dir=cache_dir)
 
     def double(batch):
         return {**batch, "x": batch["x"] * 2}
@@ -126,9 +121,9 @@ def test_prepare_reuses_cache_and_delete_removes_it(spark, tmp_path):
 
 
 # -- bad input: a clear error before training ------------------------------------------------
-def test_empty_dataframe(spark, cache):
+def test_empty_dataframe(spark, cache_dir):
     with pytest.raises(ValueError, match="empty"):
-        prepare(_numbered(spark, 10).limit(0), features="x", cache_dir=cache)
+        prepare(_numbered(spark, 10).limit(0), features="x", cache_dir=cache_dir)
 
 
 @pytest.mark.parametrize(
@@ -140,26 +135,26 @@ def test_empty_dataframe(spark, cache):
         ("array(cast(id as string))", "'bad' has type array<string>"),
     ],
 )
-def test_unsupported_column_types_are_named(spark, cache, expr, match):
+def test_unsupported_column_types_are_named(spark, cache_dir, expr, match):
     df = spark.range(10).selectExpr("id", f"{expr} as bad")
     with pytest.raises(ValueError, match=match):
-        prepare(df, features="bad", label="id", cache_dir=cache)
+        prepare(df, features="bad", label="id", cache_dir=cache_dir)
 
 
-def test_missing_column_and_ragged_and_null(spark, cache):
+def test_missing_column_and_ragged_and_null(spark, cache_dir):
     df = spark.range(10).selectExpr(
         "id", "sequence(0, id % 3) as ragged", "if(id = 3, null, id) as holes"
     )
     with pytest.raises(ValueError, match="'nope' is not in the DataFrame"):
-        prepare(df, features="nope", cache_dir=cache)
+        prepare(df, features="nope", cache_dir=cache_dir)
     with pytest.raises(ValueError, match="ragged arrays \\(lengths 1..3\\)"):
-        prepare(df, features="ragged", cache_dir=cache)
+        prepare(df, features="ragged", cache_dir=cache_dir)
     with pytest.raises(ValueError, match="'holes' has 1 null rows"):
-        prepare(df, features="holes", cache_dir=cache)
+        prepare(df, features="holes", cache_dir=cache_dir)
 
 
-def test_batch_larger_than_shard(spark, cache):
-    data = prepare(_numbered(spark, 100), features="x", cache_dir=cache)
+def test_batch_larger_than_shard(spark, cache_dir):
+    data = prepare(_numbered(spark, 100), features="x", cache_dir=cache_dir)
     with pytest.raises(ValueError, match="batch_size=64 is larger than one rank's shard \\(50"):
         data.steps_per_epoch(64, 2)
     with pytest.raises(ValueError, match="batch_size=64"):
@@ -172,7 +167,7 @@ def test_unusable_cache_dirs(spark, tmp_path):
     with pytest.raises(ValueError, match="is not writable"):
         prepare(_numbered(spark, 10), features="x", cache_dir=str(blocker / "sub"))
     with pytest.raises(ValueError, match="scheme s3:// is not readable"):
-        prepare(_numbered(spark, 10), features="x", cache_dir="s3://bucket/cache")
+        prepare(_numbered(spark, 10), features="x", cache_dir="s3://bucket/cache_dir")
     # A multi-node master with a node-local directory: ranks elsewhere would not see it.
     with pytest.raises(ValueError, match="local to each machine"):
         _check_location(str(tmp_path), "spark://10.0.0.1:7077")
@@ -241,19 +236,19 @@ def fit_uneven(data, batch_size: int) -> list:
 
 
 @pytest.mark.timeout(180)  # the hang this layer removes would stop here, not pass
-def test_uneven_rows_real_two_rank_fit_completes(spark, cache):
+def test_uneven_rows_real_two_rank_fit_completes(spark, cache_dir):
     data = prepare(
-        _numbered(spark, 1001), features="x", label="row", cache_dir=cache, rows_per_file=97
+        _numbered(spark, 1001), features="x", label="row", cache_dir=cache_dir, rows_per_file=97
     )
     report = HorovodRunner(np=2).run(fit_uneven, data=data, batch_size=64)
     assert sorted(report) == [(0, 8, 24), (1, 8, 24)]
 
 
-def test_handle_is_small_and_picklable(spark, cache):
+def test_handle_is_small_and_picklable(spark, cache_dir):
     import cloudpickle
 
     data = prepare(
-        _numbered(spark, 1001), features="x", label="row", cache_dir=cache, rows_per_file=97
+        _numbered(spark, 1001), features="x", label="row", cache_dir=cache_dir, rows_per_file=97
     )
     assert len(cloudpickle.dumps(data)) < 10_000
     assert Path(data.local_path).is_dir()
