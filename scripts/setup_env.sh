@@ -62,7 +62,7 @@ else
   KEY="horovod-$HOROVOD_VERSION-tf$TF_VERSION-py311-gloo-nompi-$(uname -m)"
   mkdir -p "$WHEEL_CACHE/$KEY"
   if ! ls "$WHEEL_CACHE/$KEY"/horovod-*.whl >/dev/null 2>&1; then
-    say "building horovod wheel (takes ~6-7 min on 2 cores); build log: $WHEEL_CACHE/$KEY/build.log"
+    say "building horovod wheel (2-7 min on 2 cores); build log: $WHEEL_CACHE/$KEY/build.log"
     export HOROVOD_WITH_TENSORFLOW=1 HOROVOD_WITH_GLOO=1 HOROVOD_WITHOUT_MPI=1 \
            HOROVOD_WITHOUT_MXNET=1 HOROVOD_WITHOUT_PYTORCH=1 HOROVOD_WITHOUT_JAX=1 \
            MAKEFLAGS="${MAKEFLAGS:--j2}"
