@@ -17,3 +17,9 @@ def test_ruff_check_is_clean():
         text=True,
     )
     assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
+def test_mypy_is_clean():
+    # Full type hints are a house rule; mypy (configured in pyproject.toml) holds us to it.
+    proc = subprocess.run([sys.executable, "-m", "mypy"], cwd=ROOT, capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stdout + proc.stderr

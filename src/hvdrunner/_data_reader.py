@@ -12,6 +12,7 @@ from __future__ import annotations
 import math
 import os
 from collections.abc import Iterator, Sequence
+from typing import Any
 from dataclasses import dataclass
 
 import numpy as np
@@ -60,7 +61,7 @@ def shard_pieces(files: Sequence[tuple[str, int]], shard: int, shard_count: int)
     return pieces
 
 
-def _to_numpy(array: object, column: Column) -> np.ndarray:
+def _to_numpy(array: Any, column: Column) -> np.ndarray:
     import pyarrow as pa
     import pyarrow.compute as pc
 
