@@ -277,3 +277,16 @@ def test_log_callback_reaches_driver_in_log_callback_only_mode(capsys):
     assert [e.split(":")[0] for e in epochs] == ["[0] epoch 1", "[0] epoch 2"]
     assert "loss: " in epochs[0]
     assert not any(line.startswith("[1] epoch") for line in out)  # rank 0 only
+
+
+def return_a_lock():
+    import threading
+
+    return threading.Lock()
+
+
+def test_unpicklable_return_value_is_a_clear_error():
+    with pytest.raises(HorovodRunnerError) as info:
+        HorovodRunner(np=-2).run(return_a_lock)
+    assert info.value.rank == 0 and info.value.exc_type == "TypeError"
+    assert "return value of rank 0 (lock) cannot be pickled" in info.value.remote_message

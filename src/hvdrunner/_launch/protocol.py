@@ -13,6 +13,7 @@ import pickle
 import socket
 import struct
 import threading
+import traceback
 from typing import Any, BinaryIO
 
 from horovod.runner.common.util import secret
@@ -25,6 +26,16 @@ MAX_FRAME_BYTES = 4 * 1024**3
 
 class ProtocolError(RuntimeError):
     """The peer closed the connection, sent garbage, or failed authentication."""
+
+
+def error_report(exc: BaseException, message: str | None = None) -> dict[str, str]:
+    """How a rank's exception travels to the driver (call inside the ``except`` block)."""
+    return {
+        "type": type(exc).__qualname__,
+        "module": type(exc).__module__,
+        "message": str(exc) if message is None else message,
+        "traceback": traceback.format_exc(),
+    }
 
 
 def encode(kind: str, payload: Any) -> bytes:

@@ -9,7 +9,6 @@ from __future__ import annotations
 import ipaddress
 import os
 import socket
-import traceback
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -100,12 +99,7 @@ def run_slot(spec: TaskSpec, partition: int, host: str, task_gpus: Sequence[str]
                     "rank": rank,
                     "code": 1,
                     "how": "setup failed",
-                    "error": {
-                        "type": type(exc).__qualname__,
-                        "module": type(exc).__module__,
-                        "message": str(exc),
-                        "traceback": traceback.format_exc(),
-                    },
+                    "error": protocol.error_report(exc),
                     "tail": [],
                     "aborted": False,
                 },

@@ -16,7 +16,7 @@ import traceback
 
 import cloudpickle
 
-from hvdrunner._launch.protocol import PipeWriter
+from hvdrunner._launch.protocol import PipeWriter, error_report
 
 CONTROL_FD_ENV = "HVDRUNNER_CONTROL_FD"
 _PR_SET_PDEATHSIG = 1
@@ -65,15 +65,7 @@ def main(payload_path: str) -> int:
         sys.stdout.flush()
         sys.stderr.flush()
         traceback.print_exc()
-        control.send(
-            "error",
-            {
-                "type": type(exc).__qualname__,
-                "module": type(exc).__module__,
-                "message": str(exc),
-                "traceback": traceback.format_exc(),
-            },
-        )
+        control.send("error", error_report(exc))
         return 1
     _shutdown_horovod()
     sys.stdout.flush()
@@ -83,15 +75,12 @@ def main(payload_path: str) -> int:
         try:
             blob = cloudpickle.dumps(value)
         except Exception as exc:  # noqa: BLE001
+            message = (
+                f"the return value of rank 0 ({type(value).__name__}) cannot be "
+                f"pickled: {exc}. Return plain data (numbers, dicts, numpy arrays, paths)."
+            )
             control.send(
-                "error",
-                {
-                    "type": "TypeError",
-                    "module": "builtins",
-                    "message": f"the return value of rank 0 ({type(value).__name__}) cannot be "
-                    f"pickled: {exc}. Return plain data (numbers, dicts, numpy arrays, paths).",
-                    "traceback": traceback.format_exc(),
-                },
+                "error", error_report(exc, message) | {"type": "TypeError", "module": "builtins"}
             )
             return 1
         control.send("result", blob)
