@@ -290,3 +290,26 @@ def test_unpicklable_return_value_is_a_clear_error():
         HorovodRunner(np=-2).run(return_a_lock)
     assert info.value.rank == 0 and info.value.exc_type == "TypeError"
     assert "return value of rank 0 (lock) cannot be pickled" in info.value.remote_message
+
+
+@pytest.mark.timeout(90)
+def test_interrupting_run_stops_every_rank():
+    # A notebook's "Cancel" raises KeyboardInterrupt in run(); no rank may outlive it
+    # (the autouse no_orphan_ranks fixture checks after the test).
+    import _thread
+
+    from conftest import rank_processes
+
+    def interrupt_when_running():
+        deadline = time.monotonic() + 60
+        while len(rank_processes()) < 2 and time.monotonic() < deadline:
+            time.sleep(0.1)
+        _thread.interrupt_main()
+
+    threading.Thread(target=interrupt_when_running, daemon=True).start()
+    with pytest.raises(KeyboardInterrupt):
+        HorovodRunner(np=-2).run(sleep_forever)
+    deadline = time.monotonic() + 15
+    while rank_processes() and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert rank_processes() == []
