@@ -31,6 +31,7 @@ doctor: $(STAMP)
 lint: $(STAMP)
 	$(VENV)/bin/ruff check src tests benchmarks
 	$(VENV)/bin/ruff format --check src tests benchmarks
+	$(VENV)/bin/mypy
 
 bench: $(STAMP)
 	$(PY) benchmarks/launch_overhead.py

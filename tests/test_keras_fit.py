@@ -53,6 +53,7 @@ def test_two_rank_fit_reaches_accuracy_and_mlflow_agrees(digits, store):
         result = HorovodRunner(np=2).run(
             fit, build_model=build_mlp, data=data, epochs=10, batch_size=32, learning_rate=1e-3,
             loss="sparse_categorical_crossentropy", metrics=["accuracy"], warmup_epochs=2,
+            registered_model_name="hvdrunner-digits",
         )  # fmt: skip
     assert result.num_ranks == 2 and result.initial_epoch == 0
     assert len(result.history["loss"]) == 10
@@ -63,6 +64,8 @@ def test_two_rank_fit_reaches_accuracy_and_mlflow_agrees(digits, store):
     np.testing.assert_allclose(
         [m.value for m in sorted(logged, key=lambda m: m.step)], result.history["loss"], rtol=1e-6
     )
+    versions = mlflow.MlflowClient().search_model_versions("name='hvdrunner-digits'")
+    assert [v.run_id for v in versions] == [run.info.run_id]
     params = mlflow.get_run(run.info.run_id).data.params
     assert params["num_ranks"] == "2" and params["scaled_learning_rate"] == "0.002"
 
