@@ -63,6 +63,8 @@ def test_shuffle_is_seeded_and_changes_per_epoch(spark, cache_dir):
     assert not np.array_equal(first, second)  # ...reshuffled each epoch
     np.testing.assert_array_equal(first, again)
     assert not np.array_equal(first, other)
+    resumed = _epoch_rows(data, 0, 2, 32, seed=7, first_epoch=1)  # a job resumed at epoch 1
+    np.testing.assert_array_equal(resumed, second)
 
 
 def test_array_vector_and_reshape_columns(spark, cache_dir):

@@ -92,11 +92,15 @@ def iter_batches(
     shuffle: bool,
     seed: int,
     shard: int,
+    first_epoch: int = 0,
 ) -> Iterator[dict[str, np.ndarray]]:
-    """Endless full batches over the shard; each pass (epoch) is reshuffled with its own seed."""
+    """Endless full batches over the shard; each pass (epoch) is reshuffled with its own seed.
+
+    ``first_epoch`` makes a resumed job see the same order as an uninterrupted one would.
+    """
     per_pass = sum(p.stop - p.start for p in pieces)
     steps = math.ceil(per_pass / batch_size)
-    epoch = 0
+    epoch = first_epoch
     while True:
         rng = np.random.default_rng([seed, shard, epoch])
         order = rng.permutation(len(pieces)) if shuffle else np.arange(len(pieces))

@@ -186,7 +186,9 @@ def fit(
          "warmup_epochs": cfg.warmup_epochs, "optimizer": getattr(cfg.optimizer, "__name__", cfg.optimizer),
          "initial_epoch": initial_epoch, "steps_per_epoch": steps, "rows": data.num_rows}
     )  # fmt: skip
-    with data.tf_dataset(cfg.batch_size, shuffle=cfg.shuffle, seed=cfg.seed) as ds:
+    with data.tf_dataset(
+        cfg.batch_size, shuffle=cfg.shuffle, seed=cfg.seed, first_epoch=initial_epoch
+    ) as ds:
         history = model.fit(
             ds, steps_per_epoch=steps, epochs=cfg.epochs, initial_epoch=initial_epoch,
             callbacks=cbs, verbose=cfg.verbose if is_rank0() else 0,

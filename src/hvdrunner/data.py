@@ -77,15 +77,22 @@ class PreparedData:
         seed: int = 0,
         cur_shard: int | None = None,
         shard_count: int | None = None,
+        first_epoch: int = 0,
     ) -> Iterator[dict[str, Any]]:
-        """Endless numpy batches ``{column: array}`` of this rank's shard (framework-free)."""
+        """Endless numpy batches ``{column: array}`` of this rank's shard (framework-free).
+
+        ``first_epoch`` (e.g. Keras' ``initial_epoch`` after a resume) picks up the per-epoch
+        shuffle order where an uninterrupted run would be.
+        """
         shard = rank() if cur_shard is None else cur_shard
         count = size() if shard_count is None else shard_count
         if not 0 <= shard < count:
             raise ValueError(f"cur_shard={shard} must be in [0, shard_count={count})")
         self.steps_per_epoch(batch_size, count)
         pieces = shard_pieces(self.files, shard, count)
-        return iter_batches(self.local_path, pieces, self.columns, batch_size, shuffle, seed, shard)
+        return iter_batches(
+            self.local_path, pieces, self.columns, batch_size, shuffle, seed, shard, first_epoch
+        )
 
     @contextlib.contextmanager
     def tf_dataset(
@@ -98,6 +105,7 @@ class PreparedData:
         shard_count: int | None = None,
         transform: Callable[[dict[str, Any]], dict[str, Any]] | None = None,
         prefetch: int = 2,
+        first_epoch: int = 0,
     ) -> Iterator[Any]:
         """This rank's shard as an endless ``tf.data.Dataset`` of full batches.
 
@@ -105,13 +113,18 @@ class PreparedData:
         feature columns were prepared), or ``features`` alone without a label. ``transform``
         maps each numpy batch ``{column: array}`` to a new dict before it becomes tensors.
         Shard index and count come from Horovod (``HOROVOD_RANK``/``HOROVOD_SIZE``) unless
-        given.
+        given. ``first_epoch``: as in :meth:`batches`.
         """
         import tensorflow as tf
 
         def gen() -> Iterator[Any]:
             for batch in self.batches(
-                batch_size, shuffle=shuffle, seed=seed, cur_shard=cur_shard, shard_count=shard_count
+                batch_size,
+                shuffle=shuffle,
+                seed=seed,
+                cur_shard=cur_shard,
+                shard_count=shard_count,
+                first_epoch=first_epoch,
             ):
                 yield self._structure(transform(batch) if transform else batch)
 
