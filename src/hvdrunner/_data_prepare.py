@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import math
@@ -111,9 +112,7 @@ def _load(meta_dir: str) -> PreparedData | None:
         local_path=meta_dir,
         files=tuple((p, n) for p, n in m["files"]),
         num_rows=m["num_rows"],
-        columns=tuple(
-            Column(c["name"], c["dtype"], tuple(c["shape"]), c["depth"]) for c in m["columns"]
-        ),
+        columns=tuple(Column(**{**c, "shape": tuple(c["shape"])}) for c in m["columns"]),
         features=tuple(m["features"]),
         label=m["label"],
         single_feature=m["single_feature"],
@@ -236,10 +235,7 @@ def materialize(
             "spark_url": final.spark_url,
             "files": files,
             "num_rows": num_rows,
-            "columns": [
-                {"name": c.name, "dtype": c.dtype, "shape": list(c.shape), "depth": c.depth}
-                for c in columns
-            ],
+            "columns": [dataclasses.asdict(c) for c in columns],
             "features": list(feats),
             "label": label,
             "single_feature": single,

@@ -14,6 +14,11 @@ def on_databricks() -> bool:
     return "DATABRICKS_RUNTIME_VERSION" in os.environ
 
 
+def table_format() -> str:
+    """Delta on Databricks, Parquet locally (no Delta jars in the local stack)."""
+    return "delta" if on_databricks() else "parquet"
+
+
 def load_digits_df(spark: Any) -> Any:
     """scikit-learn's bundled digits (1,797 8×8 images, no download) as ``pixels``/``label``.
 
@@ -42,7 +47,7 @@ def load_source(spark: Any, source: str) -> Any:
     if source in ("", DIGITS):
         return load_digits_df(spark)
     if "/" in source or ":" in source:
-        fmt = "delta" if on_databricks() else "parquet"
+        fmt = table_format()
         try:
             return spark.read.format(fmt).load(source)
         except Exception as exc:  # noqa: BLE001 - Spark raises AnalysisException and friends
@@ -65,17 +70,21 @@ def split_and_write(
     """
     if not 0 < test_fraction < 1:
         raise ValueError(f"test_fraction must be between 0 and 1, got {test_fraction!r}")
-    fmt = "delta" if on_databricks() else "parquet"
     root = _paths.resolve(output_dir)
     train, test = df.randomSplit([1 - test_fraction, test_fraction], seed=seed)
-    out = {"format": fmt}
+    out = {"format": table_format()}
     for name, part in (("train", train), ("test", test)):
-        loc = root.join(name)
-        part.write.format(fmt).mode("overwrite").save(loc.spark_url)
-        out[f"{name}_path"] = loc.spark_url
+        out[f"{name}_path"] = write(part, root.join(name).spark_url)
     return out
+
+
+def write(df: Any, path: str) -> str:
+    """Overwrite ``path`` with ``df`` in :func:`table_format`; returns its Spark URL."""
+    url = _paths.resolve(path).spark_url
+    df.write.format(table_format()).mode("overwrite").save(url)
+    return url
 
 
 def read(spark: Any, path: str) -> Any:
     """Read what :func:`split_and_write` wrote."""
-    return spark.read.format("delta" if on_databricks() else "parquet").load(path)
+    return spark.read.format(table_format()).load(path)

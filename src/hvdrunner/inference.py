@@ -39,15 +39,10 @@ def score(
         F.expr("array_position(probabilities, array_max(probabilities)) - 1").cast("int"),
     )
     if output_path:
-        from hvdrunner import _paths
-        from hvdrunner.datasets import on_databricks
+        from hvdrunner import datasets
 
-        scored.write.format("delta" if on_databricks() else "parquet").mode("overwrite").save(
-            _paths.resolve(output_path).spark_url
-        )
-        scored = spark.read.format("delta" if on_databricks() else "parquet").load(
-            _paths.resolve(output_path).spark_url
-        )
+        # Read back what was written, so counting and scoring do not run the model twice.
+        scored = datasets.read(spark, datasets.write(scored, output_path))
     result: dict[str, Any] = {"rows": scored.count(), "accuracy": None, "output_path": output_path}
     if label is not None:
         acc = scored.select(F.avg((F.col("prediction") == F.col(label)).cast("double"))).first()[0]

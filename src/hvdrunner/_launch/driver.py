@@ -145,9 +145,6 @@ class DriverService:
 
     def abort(self) -> None:
         """Tell every connected rank to stop (their supervisors kill the rank processes)."""
-        self._abort_all()
-
-    def _abort_all(self) -> None:
         with self._lock:
             conns = list(self._conns.values())
         for conn in conns:
@@ -221,7 +218,7 @@ class DriverService:
                     rank=conn.rank,
                 )
         if failure is not None:
-            self._abort_all()
+            self.abort()
             self._drain_exits(exits, emit)
             raise failure
         if result is None:
