@@ -1,28 +1,39 @@
-# hvdrunner: two user commands. Each first brings .venv up to date (a no-op when nothing
-# changed), then runs. See README.md.
-VENV   ?= .venv
+# hvdrunner: two user commands, `make demo` and `make test`. Each first brings the stack's
+# venv up to date (a no-op when nothing changed), then runs. See README.md.
+#
+# STACK=modern (default): Python 3.12, TF 2.21 / Keras 3, pyspark 4.0 - the runtimes after
+#                         DBR 15.4 LTS ML, where Databricks ships no HorovodRunner.
+# STACK=lts:              Python 3.11, TF 2.15 / Keras 2, pyspark 3.5, petastorm (DBR 15.4 LTS ML).
+STACK  ?= modern
+VENV   ?= .venv-$(STACK)
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.hvdrunner-env-stamp
 # Anything that changes what gets installed re-runs the (idempotent) setup.
-ENV_INPUTS := scripts/setup_env.sh requirements/stack-1-tensorflow.txt \
-              requirements/stack-3-spark.txt pyproject.toml
+ENV_INPUTS := scripts/setup_stack.sh scripts/install_horovod.sh \
+              requirements/$(STACK)/tensorflow.txt requirements/$(STACK)/stack.txt \
+              requirements/dev.txt patches/horovod-0.28.1-no-xla-mpi-ops.patch pyproject.toml
 
+export STACK
 export PYSPARK_PYTHON := $(abspath $(PY))
 export PYSPARK_DRIVER_PYTHON := $(abspath $(PY))
 export TF_CPP_MIN_LOG_LEVEL ?= 2
 
-.PHONY: demo test env doctor lint bench clean-env
+.PHONY: demo test test-tf-keras env doctor lint bench clean-env
 
 demo: $(STAMP)        ## the main job: 2 Horovod ranks on local Spark, MLflow in ./mlflow.db
 	$(PY) -m hvdrunner demo
 
-test: $(STAMP)        ## the whole test suite
-	$(PY) -m pytest
+test: $(STAMP)        ## the whole test suite on $(STACK)
+	$(PY) -m pytest $(PYTEST_ARGS)
+
+test-tf-keras: $(STAMP)  ## modern only: the Keras tests in tf_keras mode (TF_USE_LEGACY_KERAS=1)
+	@[ "$(STACK)" = modern ] || { echo "test-tf-keras needs STACK=modern (tf_keras mode is TF >= 2.16)"; exit 2; }
+	TF_USE_LEGACY_KERAS=1 $(PY) -m pytest -m keras $(PYTEST_ARGS)
 
 env: $(STAMP)
 
 $(STAMP): $(ENV_INPUTS)
-	bash scripts/setup_env.sh
+	STACK=$(STACK) VENV=$(abspath $(VENV)) bash scripts/setup_stack.sh
 	@touch $@
 
 doctor: $(STAMP)
@@ -35,6 +46,7 @@ lint: $(STAMP)
 
 bench: $(STAMP)
 	$(PY) benchmarks/launch_overhead.py
+	$(PY) benchmarks/data_throughput.py
 
 clean-env:
 	rm -rf $(VENV)

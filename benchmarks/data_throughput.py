@@ -31,7 +31,7 @@ def raw_pyarrow(data) -> int:
     import pyarrow.compute as pc
     import pyarrow.parquet as pq
 
-    from hvdrunner._data_reader import shard_pieces
+    from hvdrunner.data.reader import shard_pieces
 
     rows = 0
     for piece in shard_pieces(data.files, 0, 2):

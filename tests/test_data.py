@@ -9,9 +9,9 @@ import numpy as np
 import pytest
 
 from hvdrunner import HorovodRunner, HorovodRunnerError
-from hvdrunner._data_prepare import _check_location
 from hvdrunner._paths import resolve
 from hvdrunner.data import prepare
+from hvdrunner.data.prepare import _check_location
 
 
 def _numbered(spark, n: int, width: int = 3):
@@ -212,8 +212,9 @@ def test_prepare_inside_a_rank_is_refused():
 # -- the classic hang, removed: uneven rows, real 2-rank Keras fit -------------------------
 def fit_uneven(data, batch_size: int) -> list:
     import horovod.tensorflow as hvd_tf
-    import horovod.tensorflow.keras as hvd
     import tensorflow as tf
+
+    import hvdrunner.hvd_keras as hvd
 
     hvd.init()
     steps = data.steps_per_epoch(batch_size)

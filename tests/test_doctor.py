@@ -27,6 +27,16 @@ GOOD_STACK = {
     "pyspark": "3.5.9",
     "mlflow": "3.17.2",
 }
+GOOD_MODERN = {
+    "tensorflow": "2.21.0",
+    "keras": "3.15.1",
+    "tf_keras": "2.21.0",
+    "numpy": "2.5.5",
+    "pyarrow": "25.0.1",
+    "petastorm": None,
+    "pyspark": "4.0.5",
+    "mlflow": "3.17.2",
+}
 
 
 def _failed(checks):
@@ -44,9 +54,31 @@ def test_doctor_passes_on_this_environment():
     assert "[-] horovod built with PyTorch: no" in proc.stdout
 
 
-def test_good_build_and_stack_pass():
+def test_good_build_and_both_stacks_pass():
     assert not _failed(evaluate_build(GOOD_BUILD))
-    assert not _failed(evaluate_stack(GOOD_STACK))
+    assert not _failed(evaluate_stack(GOOD_STACK, env={}))
+    modern = evaluate_stack(GOOD_MODERN, env={})
+    assert not _failed(modern)
+    keras = next(c for c in modern if c.name == "Keras generation")
+    assert "Keras 3" in keras.detail and "hvdrunner.hvd_keras" in keras.detail
+    legacy = evaluate_stack(GOOD_MODERN, env={"TF_USE_LEGACY_KERAS": "1"})
+    assert not _failed(legacy)
+    assert "tf_keras mode" in next(c for c in legacy if c.name == "Keras generation").detail
+
+
+def test_keras_mixes_on_modern_fail_with_fix():
+    no_tf_keras = GOOD_MODERN | {"tf_keras": None}
+    failed = _failed(evaluate_stack(no_tf_keras, env={"TF_USE_LEGACY_KERAS": "1"}))
+    assert [c.name for c in failed] == ["Keras generation"]
+    assert "pip install tf_keras==2.21" in failed[0].fix
+    wrong_tf_keras = GOOD_MODERN | {"tf_keras": "2.15.1"}
+    assert _failed(evaluate_stack(wrong_tf_keras, env={"TF_USE_LEGACY_KERAS": "true"}))
+    failed = _failed(evaluate_stack(GOOD_MODERN, env={"KERAS_BACKEND": "jax"}))
+    assert [c.name for c in failed] == ["Keras generation"] and "KERAS_BACKEND" in failed[0].fix
+    broken_petastorm = GOOD_MODERN | {"petastorm": "0.13.1"}
+    assert [c.name for c in _failed(evaluate_stack(broken_petastorm, env={}))] == [
+        "petastorm 0.13.1 with pyarrow < 15"
+    ]
 
 
 def test_horovod_without_tensorflow_fails_with_fix():
@@ -66,13 +98,15 @@ def test_incompatible_stack_versions_fail():
     names = {
         c.name
         for c in _failed(
-            evaluate_stack(GOOD_STACK | {"pyarrow": "15.0.2", "keras": "3.3.3", "numpy": "2.1.0"})
+            evaluate_stack(
+                GOOD_STACK | {"pyarrow": "15.0.2", "keras": "3.3.3", "numpy": "2.1.0"}, env={}
+            )
         )
     }
     assert names == {
         "petastorm 0.13.1 with pyarrow < 15",
-        "keras 2 (horovod's Keras callbacks break on Keras 3)",
-        "numpy < 2 (TF 2.15)",
+        "Keras generation",
+        "numpy < 2 (TF <= 2.15)",
     }
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import signal
+import time
 
 import mlflow
 import numpy as np
@@ -12,9 +13,10 @@ import pandas as pd
 import pytest
 
 from hvdrunner import HorovodRunner, HorovodRunnerError
-from hvdrunner._keras_fit import FitConfig
 from hvdrunner.data import prepare
-from hvdrunner.keras import fit
+from hvdrunner.keras import FitConfig, fit
+
+pytestmark = pytest.mark.keras
 
 
 @pytest.fixture(scope="module")
@@ -204,3 +206,63 @@ def test_fit_config_rejects_bad_settings(kwargs, match):
     base = {"epochs": 1, "batch_size": 8, "loss": "mse"}
     with pytest.raises(ValueError, match=match):
         FitConfig(**(base | kwargs))
+
+
+def fit_with_rank1_drift(**kwargs):
+    import tensorflow as tf
+
+    from hvdrunner.distributed import rank
+
+    class Drift(tf.keras.callbacks.Callback):
+        """Rank 1 nudges its own weights mid-epoch: what an unsynchronized optimizer does."""
+
+        def on_train_batch_end(self, batch, logs=None):
+            if rank() == 1 and batch == 0:
+                self.model.set_weights([w + 0.01 for w in self.model.get_weights()])
+
+    return fit(callbacks=[Drift()], **kwargs)
+
+
+@pytest.mark.timeout(300)
+def test_fit_fails_loudly_when_ranks_drift_apart(digits, store):
+    data, _, _ = digits
+    with pytest.raises(HorovodRunnerError) as info, mlflow.start_run() as run:
+        HorovodRunner(np=-2).run(
+            fit_with_rank1_drift, build_model=build_mlp, data=data, epochs=3, batch_size=32,
+            loss="sparse_categorical_crossentropy", log_model=False,
+        )  # fmt: skip
+    assert info.value.exc_type == "RanksOutOfSyncError"
+    assert "ranks [1]" in (info.value.remote_message or "")
+    assert mlflow.get_run(run.info.run_id).info.status == "FAILED"
+    # Failed after the first epoch, not at the end: only epoch 0's metrics were logged.
+    assert len(mlflow.MlflowClient().get_metric_history(run.info.run_id, "loss")) <= 1
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "error", "match"),
+    [
+        ({"epochs": 0}, ValueError, "epochs must be a positive int"),
+        ({"compression": "int8"}, ValueError, "compression must be 'none' or 'fp16'"),
+        ({"epoch": 3}, TypeError, r"unexpected argument\(s\) \['epoch'\]"),
+        ({"data": [1, 2, 3]}, TypeError, "data must be prepared input"),
+    ],
+)
+def test_fit_arguments_are_checked_on_the_driver_before_launch(digits, kwargs, error, match):
+    data, _, _ = digits
+    base = dict(build_model=build_mlp, data=data, epochs=1, batch_size=32, loss="mse")
+    started = time.monotonic()
+    with pytest.raises(error, match=match):
+        HorovodRunner(np=-2).run(fit, **(base | kwargs))
+    assert time.monotonic() - started < 5  # no rank was started
+
+
+def test_unusable_checkpoint_dir_fails_before_launch(digits, tmp_path):
+    data, _, _ = digits
+    a_file = tmp_path / "not-a-dir"
+    a_file.write_text("x")
+    base = dict(build_model=build_mlp, data=data, epochs=1, batch_size=32, loss="mse")
+    with pytest.raises(ValueError, match="is a file, not a directory"):
+        HorovodRunner(np=-2).run(fit, checkpoint_dir=str(a_file), **base)
+    # /proc refuses new directories even to root: a real unwritable location.
+    with pytest.raises(ValueError, match="is not writable"):
+        HorovodRunner(np=-2).run(fit, checkpoint_dir="/proc/hvdrunner-test/ckpt", **base)

@@ -6,8 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from hvdrunner._notebook_shim import LocalDbutils
-from hvdrunner.notebook import NotebookError, parse, run_notebook, task_key
+from hvdrunner.notebook import LocalDbutils, NotebookError, parse, run_notebook, task_key
 
 NB = """# Databricks notebook source
 # MAGIC %md
@@ -96,3 +95,87 @@ def test_undefined_widget_and_missing_task_value(tmp_path):
 
 def test_task_key_strips_order_prefix():
     assert task_key("notebooks/02_train_keras.py") == "train_keras"
+
+
+def test_unknown_param_is_refused_before_anything_runs(tmp_path, capsys):
+    from hvdrunner.notebook import run
+
+    path = _write(tmp_path, "01_first.py", NB)
+    code = run([str(path)], {"n": "2", "epochs": "3"}, str(tmp_path / "tv.json"), "local[1]")
+    assert code == 2
+    err = capsys.readouterr().err
+    assert "unknown parameter(s) ['epochs']" in err and "01_first.py: n" in err
+    assert not (tmp_path / "tv.json").exists()  # nothing ran
+
+
+def test_plain_python_file_is_refused_with_a_clear_message(tmp_path, capsys):
+    from hvdrunner.notebook import run
+
+    plain = _write(tmp_path, "script.py", "print('hi')\n")
+    assert run([str(plain)], {}, str(tmp_path / "tv.json"), "local[1]") == 2
+    err = capsys.readouterr().err
+    assert "not a Databricks source notebook" in err and "Export" in err
+    assert "Traceback" not in err
+
+
+def test_syntax_error_names_notebook_cell_and_line(tmp_path):
+    bad = NB.replace("value = int(", "value = int((")
+    path = _write(tmp_path, "01_bad.py", bad)
+    with pytest.raises(NotebookError, match=r"01_bad.py: cell 3 has a syntax error at line 14"):
+        run_notebook(str(path), _namespace({"n": "1"}, tmp_path / "tv.json", "bad"))
+
+
+def test_sys_exit_is_an_error_naming_dbutils_notebook_exit(tmp_path):
+    path = _write(tmp_path, "01_exit.py", "# Databricks notebook source\nimport sys\nsys.exit(0)\n")
+    with pytest.raises(NotebookError, match=r"sys.exit\(0\).*dbutils.notebook.exit"):
+        run_notebook(str(path), _namespace({}, tmp_path / "tv.json", "exit"))
+
+
+def test_notebook_exit_ends_that_notebook_and_the_chain_goes_on(tmp_path):
+
+    first = _write(tmp_path, "01_first.py", NB)
+    second = _write(
+        tmp_path,
+        "02_second.py",
+        '# Databricks notebook source\ndbutils.jobs.taskValues.set("ran", True)\n',
+    )
+    values = tmp_path / "tv.json"
+    # In a subprocess: the runner starts and stops its own Spark session.
+    proc = _run_cli(first, second, "--param", "n=1", "--task-values", str(values))
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    import json
+
+    assert json.loads(values.read_text()) == {"first": {"value": 10}, "second": {"ran": True}}
+
+
+def _run_cli(*args, env=None):
+    import os
+    import subprocess
+    import sys
+
+    return subprocess.run(
+        [sys.executable, "-m", "hvdrunner.notebook", "run", *map(str, args), "--master", "local[1]"],
+        capture_output=True, text=True, timeout=240, env={**os.environ, **(env or {})},
+    )  # fmt: skip
+
+
+def test_failed_notebook_ends_its_open_run_failed(tmp_path, store):
+    import mlflow
+
+    path = _write(
+        tmp_path,
+        "01_fail.py",
+        "# Databricks notebook source\nimport mlflow\nrun = mlflow.start_run()\n"
+        "dbutils.jobs.taskValues.set('run_id', run.info.run_id)\n"
+        "# COMMAND ----------\nraise RuntimeError('boom')\n",
+    )
+    values = tmp_path / "tv.json"
+    proc = _run_cli(
+        path, "--task-values", str(values), env={"MLFLOW_TRACKING_URI": mlflow.get_tracking_uri()}
+    )
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    assert "cell 2 failed at line 6: RuntimeError: boom" in proc.stderr
+    import json
+
+    run_id = json.loads(values.read_text())["fail"]["run_id"]
+    assert mlflow.get_run(run_id).info.status == "FAILED"

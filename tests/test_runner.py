@@ -17,41 +17,6 @@ from hvdrunner import HorovodRunner, HorovodRunnerError, log_to_driver
 
 
 # -- functions that run on the ranks (module level: cloudpickle sends them by reference) ----
-def keras_recipe(distributed: bool) -> list:
-    """The standard Horovod Keras recipe, unchanged; returns every rank's final weights."""
-    import horovod.tensorflow as hvd_tf
-    import horovod.tensorflow.keras as hvd
-    import tensorflow as tf
-
-    hvd.init()
-    gpus = tf.config.list_physical_devices("GPU")
-    for gpu in gpus:
-        tf.config.experimental.set_memory_growth(gpu, True)
-    if gpus:
-        tf.config.set_visible_devices(gpus[hvd.local_rank()], "GPU")
-    rng = np.random.default_rng(100 + hvd.rank())  # each rank its own data
-    x = rng.normal(size=(256, 4)).astype("float32")
-    y = (x @ np.array([1.0, -2.0, 3.0, 0.5]) + hvd.rank()).astype("float32")
-    tf.keras.utils.set_random_seed(1 + hvd.rank())  # different init: the broadcast must fix it
-    model = tf.keras.Sequential([tf.keras.Input(shape=(4,)), tf.keras.layers.Dense(1)])
-    opt = tf.keras.optimizers.SGD(0.01 * hvd.size())
-    if distributed:
-        opt = hvd.DistributedOptimizer(opt)
-    model.compile(optimizer=opt, loss="mse")
-    model.fit(
-        x,
-        y,
-        batch_size=32,
-        epochs=2,
-        callbacks=[
-            hvd.callbacks.BroadcastGlobalVariablesCallback(0),
-            hvd.callbacks.MetricAverageCallback(),
-        ],
-        verbose=2 if hvd.rank() == 0 else 0,
-    )
-    return hvd_tf.allgather_object([w.tolist() for w in model.get_weights()])
-
-
 def env_report() -> dict:
     import horovod.tensorflow as hvd
 
@@ -103,21 +68,6 @@ def sleep_forever() -> None:
 
 
 # -- tests --------------------------------------------------------------------------------
-@pytest.mark.parametrize("np_", [2, -2], ids=["spark-barrier", "driver-processes"])
-def test_keras_recipe_averages_gradients(spark, np_):
-    weights = HorovodRunner(np=np_).run(keras_recipe, distributed=True)
-    assert len(weights) == 2
-    for a, b in zip(weights[0], weights[1], strict=True):
-        np.testing.assert_array_equal(np.array(a), np.array(b))
-
-
-def test_without_distributed_optimizer_ranks_diverge():
-    # Same recipe minus DistributedOptimizer: identical start (broadcast), different data,
-    # so ranks must end apart. This is what makes the equality above meaningful.
-    weights = HorovodRunner(np=-2).run(keras_recipe, distributed=False)
-    assert not np.allclose(np.array(weights[0][0]), np.array(weights[1][0]))
-
-
 def test_rank_environment_on_spark(spark):
     envs = HorovodRunner(np=2).run(env_report)
     assert sorted(e["HOROVOD_RANK"] for e in envs) == ["0", "1"]
@@ -258,9 +208,9 @@ def test_bad_verbosity_and_timeout_are_refused():
 
 
 def fit_with_log_callback() -> None:
-    import horovod.tensorflow.keras as hvd
     import tensorflow as tf
 
+    import hvdrunner.hvd_keras as hvd
     from hvdrunner.keras import LogCallback
 
     hvd.init()
@@ -270,6 +220,7 @@ def fit_with_log_callback() -> None:
     model.fit(x, x[:, :1], epochs=2, batch_size=4, verbose=0, callbacks=[LogCallback()])
 
 
+@pytest.mark.keras
 def test_log_callback_reaches_driver_in_log_callback_only_mode(capsys):
     HorovodRunner(np=-2, driver_log_verbosity="log_callback_only").run(fit_with_log_callback)
     out = capsys.readouterr().out.splitlines()

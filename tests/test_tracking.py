@@ -14,13 +14,15 @@ import pytest
 
 from hvdrunner import HorovodRunner, HorovodRunnerError, tracking
 
+pytestmark = pytest.mark.keras
+
 FAKE_TOKEN = "dapi-FAKE-TOKEN-0123456789abcdef"
 
 
 def train_tracked(epochs: int) -> dict:
-    import horovod.tensorflow.keras as hvd
     import tensorflow as tf
 
+    import hvdrunner.hvd_keras as hvd
     from hvdrunner.keras import MLflowCallback
 
     hvd.init()
@@ -145,8 +147,9 @@ def test_fake_token_reaches_ranks_and_nowhere_else(store, monkeypatch, capfd):
 
 
 def fit_with_autolog() -> None:
-    import horovod.tensorflow.keras as hvd
     import tensorflow as tf
+
+    import hvdrunner.hvd_keras as hvd
 
     hvd.init()
     tracking.autolog(log_models=False, log_datasets=False)

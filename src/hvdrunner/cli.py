@@ -22,6 +22,7 @@ def main(argv: list[str] | None = None) -> int:
     doctor.add_argument(
         "--master", default=None, help="also start Spark with this master and count task slots"
     )
+    doctor.add_argument("--quiet", action="store_true", help="print failed checks only")
     demo = sub.add_parser(
         "demo", help="run notebooks 01 -> 02 -> 03 locally: Horovod ranks on local Spark"
     )
@@ -34,7 +35,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "doctor":
         from hvdrunner.doctor import run_doctor
 
-        return run_doctor(args.master)
+        return run_doctor(args.master, quiet=args.quiet)
     return _demo(args)
 
 

@@ -58,9 +58,9 @@ def collect_build_info() -> dict[str, Any]:
 def evaluate_build(info: dict[str, Any]) -> list[Check]:
     """Turn build facts into checks. Pure: tests feed it fake build info."""
     fix_build = (
-        "rebuild horovod: rm -rf .venv && make test (or HOROVOD_WITH_TENSORFLOW=1 "
-        "HOROVOD_WITH_GLOO=1 HOROVOD_WITHOUT_MPI=1 pip install --no-build-isolation "
-        "--no-cache-dir horovod==0.28.1 with TensorFlow installed first)"
+        "rebuild horovod: PYTHON=$(which python) bash scripts/install_horovod.sh (TensorFlow "
+        "first; HOROVOD_WITH_TENSORFLOW=1 HOROVOD_WITH_GLOO=1 HOROVOD_WITHOUT_MPI=1, and on "
+        "TF >= 2.16 the patch in patches/), or rm -rf .venv-<stack> && make test"
     )
     if not info.get("horovod"):
         return [Check("horovod", False, "not installed", fix_build)]
@@ -100,52 +100,70 @@ def evaluate_build(info: dict[str, Any]) -> list[Check]:
     return checks
 
 
-def evaluate_stack(versions: dict[str, str | None]) -> list[Check]:
-    """Version compatibility of the stack. Pure: tests feed it fake versions."""
+def _mm(version: str) -> tuple[int, int]:
+    parts = (version.split(".") + ["0", "0"])[:2]
+    return int(parts[0]), int("".join(c for c in parts[1] if c.isdigit()) or 0)
+
+
+def evaluate_stack(
+    versions: dict[str, str | None], env: dict[str, str] | None = None
+) -> list[Check]:
+    """Version compatibility of either supported stack. Pure: tests feed it fake versions.
+
+    lts (TF 2.15, Keras 2, numpy < 2, petastorm with pyarrow < 15) and modern (TF >= 2.16,
+    Keras 3 or tf_keras mode, no petastorm) both pass; mixes that break training fail.
+    """
+    env = dict(os.environ if env is None else env)
     checks: list[Check] = []
     tf = versions.get("tensorflow")
     checks.append(
-        Check("tensorflow", tf is not None, tf or "not installed", "pip install tensorflow==2.15.1")
-    )
-    keras = versions.get("keras")
-    if keras is not None:
-        major = int(keras.split(".")[0])
-        checks.append(
-            Check(
-                "keras 2 (horovod's Keras callbacks break on Keras 3)",
-                major == 2,
-                keras,
-                "pip install keras==2.15.0 (TF 2.15)",
-            )
-        )
-    numpy = versions.get("numpy")
-    if numpy is not None:
-        checks.append(
-            Check(
-                "numpy < 2 (TF 2.15)",
-                int(numpy.split(".")[0]) < 2,
-                numpy,
-                "pip install numpy==1.26.4",
-            )
-        )
+        Check("tensorflow", tf is not None, tf or "not installed",
+              "install a supported stack: make env STACK=modern (or STACK=lts)")
+    )  # fmt: skip
+    modern = tf is not None and _mm(tf) >= (2, 16)
+    legacy = env.get("TF_USE_LEGACY_KERAS", "").strip().lower() in ("1", "true", "yes")
+    keras, tfk = versions.get("keras"), versions.get("tf_keras")
+    if tf is not None and not modern:
+        ok = keras is None or keras.startswith("2.")
+        checks.append(Check(
+            "Keras generation", ok if keras else None,
+            f"Keras 2 (tf.keras {keras}): hvdrunner.keras and horovod.tensorflow.keras both work"
+            if ok else f"keras {keras} with TensorFlow {tf}",
+            f"pip install keras=={tf} (TF {tf} needs Keras 2)"))  # fmt: skip
+        numpy = versions.get("numpy")
+        if numpy is not None:
+            checks.append(Check("numpy < 2 (TF <= 2.15)", int(numpy.split(".")[0]) < 2, numpy,
+                                "pip install numpy==1.26.4"))  # fmt: skip
+    elif modern and legacy:
+        same = tfk is not None and _mm(tfk) == _mm(tf or "0")
+        checks.append(Check(
+            "Keras generation", same,
+            f"tf_keras mode (TF_USE_LEGACY_KERAS=1, tf_keras {tfk}): Keras 2; "
+            f"horovod.tensorflow.keras works unchanged in ranks" if same
+            else f"TF_USE_LEGACY_KERAS=1 but tf_keras is {tfk or 'not installed'} "
+            f"(TensorFlow {tf}): tf.keras would not be the Keras 2 you asked for",
+            f"pip install tf_keras=={'.'.join(map(str, _mm(tf or '0')))}.* or unset TF_USE_LEGACY_KERAS"))  # fmt: skip
+    elif modern:
+        backend = env.get("KERAS_BACKEND", "tensorflow").strip().lower() or "tensorflow"
+        checks.append(Check(
+            "Keras generation", backend == "tensorflow",
+            f"Keras 3 (keras {keras}, backend {backend}): use hvdrunner.keras.fit or "
+            f"`import hvdrunner.hvd_keras as hvd`; horovod.tensorflow.keras is refused in ranks "
+            f"(it would train unsynchronized)",
+            "unset KERAS_BACKEND or set it to tensorflow (Horovod's ops are TF ops)"))  # fmt: skip
     pyarrow, petastorm = versions.get("pyarrow"), versions.get("petastorm")
     if petastorm is None:
-        checks.append(Check("petastorm", False, "not installed", "pip install petastorm==0.13.1"))
+        checks.append(Check("petastorm", None, "not installed (optional: hvdrunner.data needs "
+                            "none; petastorm 0.13.1 works only with pyarrow < 15)", required=False))  # fmt: skip
     else:
         ok = pyarrow is not None and int(pyarrow.split(".")[0]) < 15
-        checks.append(
-            Check(
-                f"petastorm {petastorm} with pyarrow < 15",
-                ok,
-                f"pyarrow {pyarrow}",
-                "pip install pyarrow==14.0.2 (petastorm 0.13.1 fails on pyarrow>=15: "
-                "unexpected keyword 'validate_schema')",
-            )
-        )
+        checks.append(Check(
+            f"petastorm {petastorm} with pyarrow < 15", ok, f"pyarrow {pyarrow}",
+            "pip install pyarrow==14.0.2, or pip uninstall petastorm (it cannot import with "
+            "pyarrow >= 16 and fails on 15: 'validate_schema'; hvdrunner.data does not need it)"))  # fmt: skip
     spark = versions.get("pyspark")
-    checks.append(
-        Check("pyspark", spark is not None, spark or "not installed", "pip install pyspark==3.5.9")
-    )
+    checks.append(Check("pyspark", spark is not None, spark or "not installed",
+                        "pip install pyspark (3.5 with lts, 4.0 with modern)"))  # fmt: skip
     mlflow = versions.get("mlflow")
     checks.append(
         Check("mlflow", mlflow is not None, mlflow or "not installed", "pip install mlflow==3.17.2")
@@ -194,12 +212,21 @@ def environment_checks(master: str | None) -> list[Check]:
     return checks
 
 
-def run_doctor(master: str | None = None) -> int:
-    """Print the checklist; return 1 when a required piece is missing, else 0."""
+def run_doctor(master: str | None = None, quiet: bool = False) -> int:
+    """Print the checklist (only failures with ``quiet``); 1 when a required piece is missing."""
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")  # the checks load TF; keep its banner out
     versions = {
         d: _version(d)
-        for d in ("tensorflow", "keras", "numpy", "pyarrow", "petastorm", "pyspark", "mlflow")
+        for d in (
+            "tensorflow",
+            "keras",
+            "tf_keras",
+            "numpy",
+            "pyarrow",
+            "petastorm",
+            "pyspark",
+            "mlflow",
+        )
     }
     checks = (
         evaluate_build(collect_build_info()) + evaluate_stack(versions) + environment_checks(master)
@@ -207,9 +234,13 @@ def run_doctor(master: str | None = None) -> int:
     failed = 0
     for c in checks:
         mark = {True: "[x]", False: "[ ]", None: "[-]"}[c.ok]
-        print(f"{mark} {c.name}: {c.detail}")
-        if c.ok is False and c.required:
+        bad = c.ok is False and c.required
+        if bad or not quiet:
+            print(f"{mark} {c.name}: {c.detail}")
+        if bad:
             failed += 1
             print(f"      fix: {c.fix}")
-    print(f"\n{'OK' if not failed else f'{failed} required check(s) failed'}")
+    print(
+        f"{'' if quiet else chr(10)}{'OK' if not failed else f'{failed} required check(s) failed'}"
+    )
     return 1 if failed else 0

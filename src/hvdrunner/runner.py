@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
+import signal
 import sys
+import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from hvdrunner import tracking
@@ -29,6 +32,41 @@ def _local_pythonpath() -> tuple[str, ...]:
     return tuple(dict.fromkeys(out))
 
 
+def _seconds(name: str, value: Any, allow_none: bool = False) -> float | None:
+    if value is None and allow_none:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0:
+        raise ValueError(
+            f"{name} must be a positive number of seconds{' or None' if allow_none else ''}, "
+            f"got {value!r}."
+        )
+    return float(value)
+
+
+class _Terminated(SystemExit):
+    """SIGTERM reached the driver during run() (job cancelled, cluster shutting down).
+
+    A ``SystemExit(143)``: after run()'s cleanup the process ends as SIGTERM would have it.
+    """
+
+
+@contextlib.contextmanager
+def _sigterm_raises() -> Iterator[None]:
+    """Turn SIGTERM into an exception in the main thread, so run()'s cleanup still runs."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def handler(signum: int, frame: Any) -> None:
+        raise _Terminated(128 + signal.SIGTERM)
+
+    previous = signal.signal(signal.SIGTERM, handler)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
 class HorovodRunner:
     """Runs a function as a Horovod job: ``np`` ranks, gloo controller, rank 0's result back.
 
@@ -36,17 +74,24 @@ class HorovodRunner:
 
     Args:
         np: ``> 0``: that many Spark barrier tasks, one rank each (needs an active
-            SparkSession with enough task slots). ``< 0``: ``-np`` processes on the driver,
-            no Spark needed. ``0`` is refused.
+            SparkSession with enough task slots). ``0``: one rank per task slot of the
+            cluster (sparkdl's meaning). ``< 0``: ``-np`` processes on the driver, no Spark
+            needed.
         driver_log_verbosity: ``"all"`` streams every rank's stdout/stderr live to the
             driver, prefixed ``[rank]<stream>:``; ``"log_callback_only"`` (sparkdl's
             default) shows only what ranks send with :func:`hvdrunner.log_to_driver`.
         start_timeout: seconds to wait for all ranks to start (free task slots) before
             failing.
+        stall_timeout: seconds a collective (allreduce, broadcast) may wait for a rank that
+            does not join before the job fails naming that rank (Horovod's stall
+            inspector: ``HOROVOD_STALL_SHUTDOWN_TIME_SECONDS``). Default 600.
+        exit_grace: seconds the other ranks get to exit after rank 0 returned; then they
+            are stopped with a warning and rank 0's value is returned. Default 60.
+        timeout: optional bound on the whole job, in seconds (default ``None``: none).
 
     Example:
         >>> def train(lr):
-        ...     import horovod.tensorflow.keras as hvd
+        ...     import hvdrunner.hvd_keras as hvd
         ...     hvd.init()
         ...     return hvd.size() * lr
         >>> HorovodRunner(np=-2).run(train, lr=0.5)  # doctest: +SKIP
@@ -59,32 +104,35 @@ class HorovodRunner:
         np: int,
         driver_log_verbosity: str = "log_callback_only",
         start_timeout: float = 600.0,
+        stall_timeout: float = 600.0,
+        exit_grace: float = 60.0,
+        timeout: float | None = None,
     ) -> None:
         if isinstance(np, bool) or not isinstance(np, int):
             raise ValueError(
                 f"np must be an int, got {np!r} ({type(np).__name__}). Pass np=N for N Spark "
-                f"tasks (one Horovod rank each) or np=-N for N processes on the driver."
-            )
-        if np == 0:
-            raise ValueError(
-                "np=0 runs nothing. Pass np=N (N>0) for N Spark barrier tasks, or np=-N to run "
-                "N processes on the driver (local mode, no Spark executors)."
+                f"tasks (one Horovod rank each), np=0 for every task slot of the cluster, or "
+                f"np=-N for N processes on the driver."
             )
         if driver_log_verbosity not in _VERBOSITIES:
             raise ValueError(
                 f"driver_log_verbosity must be one of {_VERBOSITIES}, got {driver_log_verbosity!r}."
             )
-        if (
-            isinstance(start_timeout, bool)
-            or not isinstance(start_timeout, (int, float))
-            or start_timeout <= 0
-        ):
-            raise ValueError(
-                f"start_timeout must be a positive number of seconds, got {start_timeout!r}."
-            )
         self.num_processor = np  # sparkdl's attribute name
         self.driver_log_verbosity = driver_log_verbosity
-        self.start_timeout = float(start_timeout)
+        self.start_timeout = _seconds("start_timeout", start_timeout)
+        self.stall_timeout = _seconds("stall_timeout", stall_timeout)
+        self.exit_grace = _seconds("exit_grace", exit_grace)
+        self.timeout = _seconds("timeout", timeout, allow_none=True)
+
+    def _stall_env(self) -> dict[str, str]:
+        stall = max(1, round(self.stall_timeout or 600))
+        # Horovod warns after the check time and shuts down after the shutdown time; the
+        # check must not exceed the shutdown time or Horovod ignores the shutdown.
+        return {
+            "HOROVOD_STALL_CHECK_TIME_SECONDS": str(min(60, stall)),
+            "HOROVOD_STALL_SHUTDOWN_TIME_SECONDS": str(stall),
+        }
 
     def run(self, main: Callable[..., Any], **kwargs: Any) -> Any:
         """Run ``main(**kwargs)`` on every rank; return rank 0's return value.
@@ -92,8 +140,9 @@ class HorovodRunner:
         Raises:
             ValueError: ``main`` or an argument cannot be pickled, or the cluster has fewer
                 task slots than ``np``.
-            RuntimeError: no active SparkSession for ``np > 0``, or dynamic allocation.
-            HorovodRunnerError: a rank raised or died, or the ranks did not start in time.
+            RuntimeError: no active SparkSession for ``np >= 0``, or dynamic allocation.
+            HorovodRunnerError: a rank raised or died, stalled a collective, the ranks did
+                not start in time, or the job exceeded ``timeout``.
         """
         from horovod.runner.common.util import secret
 
@@ -105,31 +154,39 @@ class HorovodRunner:
             raise ValueError(
                 f"main must be a callable (your training function), got {type(main).__name__}."
             )
+        preflight = getattr(main, "hvdrunner_preflight", None)
+        if preflight is not None:  # e.g. hvdrunner.keras.fit: its arguments checked here
+            preflight(**kwargs)
         payload = dumps_payload(main, kwargs)  # before any process or Spark job starts
         track_env = tracking.driver_context()
         secrets = tracking.secrets_in(track_env)
-        np = abs(self.num_processor)
-        key = secret.make_secret_key()
         launch: Any
         if self.num_processor < 0:
             from hvdrunner._launch.local_backend import LocalLaunch
 
+            np = -self.num_processor
             addr, bind, where = "127.0.0.1", "127.0.0.1", "driver processes"
             spread = True
         else:
             from hvdrunner._launch import spark_backend
 
             sc = _active_spark_context()
-            spark_backend.preflight(sc, np, wait_s=self.start_timeout)
+            np = self.num_processor
+            if np == 0:  # sparkdl: all task slots
+                np = spark_backend.task_slots(sc)[0]
+                _status(f"np=0: using all {np} task slots of the cluster")
+            spark_backend.preflight(sc, np, wait_s=self.start_timeout or 600)
             addr, bind, where = (
                 spark_backend.driver_address(sc),
                 "0.0.0.0",
                 f"Spark barrier tasks ({sc.master})",
             )
             spread = str(sc.master).startswith("local")
+        key = secret.make_secret_key()
         service = DriverService(
-            np, key, rendezvous_addr=addr, bind=bind, extra_env=track_env, secrets=secrets
-        )
+            np, key, rendezvous_addr=addr, bind=bind,
+            extra_env={**self._stall_env(), **track_env}, secrets=secrets,
+        )  # fmt: skip
         spec = TaskSpec(
             driver_addr=addr,
             driver_port=service.port,
@@ -147,12 +204,26 @@ class HorovodRunner:
         started = time.monotonic()
         ok = False
         try:
-            launch.start()
-            result = service.wait(self.start_timeout, launch.error)
+            with _sigterm_raises():
+                launch.start()
+                result = service.wait(
+                    self.start_timeout or 600, launch.error,
+                    exit_grace=self.exit_grace or 60, timeout=self.timeout,
+                )  # fmt: skip
             ok = True
-        except HorovodRunnerError as err:
+        except BaseException as err:
+            # The job's error is what the caller gets; a tracking failure while recording
+            # it is a warning (chained), never a replacement, and the run is never left
+            # RUNNING or active.
             if track_env:
-                tracking.mark_failed(err.summary, secrets)
+                summary = (
+                    err.summary
+                    if isinstance(err, HorovodRunnerError)
+                    else "the driver received SIGTERM"
+                    if isinstance(err, _Terminated)
+                    else f"{type(err).__name__}: {err}"
+                )
+                tracking.mark_failed(summary, secrets)
             raise
         finally:
             if not ok:  # also on KeyboardInterrupt in the notebook: no rank outlives run()
@@ -168,12 +239,12 @@ def _active_spark_context() -> Any:
         from pyspark import SparkContext
     except ImportError as exc:  # pragma: no cover - pyspark is part of the stack
         raise RuntimeError(
-            "np>0 needs pyspark; install it or use np<0 to run on the driver."
+            "np>=0 needs pyspark; install it or use np<0 to run on the driver."
         ) from exc
     sc = SparkContext._active_spark_context
     if sc is None:
         raise RuntimeError(
-            "np>0 runs on Spark executors but there is no active SparkSession. Create one "
+            "np>=0 runs on Spark executors but there is no active SparkSession. Create one "
             "first (e.g. hvdrunner.spark.local_session() locally; on Databricks it exists), "
             "or pass np<0 to run on the driver only."
         )

@@ -74,15 +74,70 @@ def scrub(text: str, secrets: list[str]) -> str:
     return text
 
 
+#: Bounds on each tracking-server call made while recording a failure.
+FAILURE_HTTP_TIMEOUT_S = "10"
+FAILURE_HTTP_RETRIES = "0"
+
+
+@contextlib.contextmanager
+def _bounded_http() -> Iterator[None]:
+    """MLflow REST calls in this block time out fast and are not retried (read per call)."""
+    keys = {
+        "MLFLOW_HTTP_REQUEST_TIMEOUT": FAILURE_HTTP_TIMEOUT_S,
+        "MLFLOW_HTTP_REQUEST_MAX_RETRIES": FAILURE_HTTP_RETRIES,
+    }
+    saved = {k: os.environ.get(k) for k in keys}
+    os.environ.update(keys)
+    try:
+        yield
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
+
 def mark_failed(error_summary: str, secrets: list[str]) -> None:
-    """End the driver's active run FAILED with the error summary as a tag (no-op without one)."""
+    """End the driver's active run FAILED with the error summary as a tag (no-op without one).
+
+    Never raises: the job's own error is what the caller must see. When the tracking
+    server cannot record the failure (down, experiment deleted) a warning is printed, and
+    the run is still removed from this process's active-run stack so that the next
+    ``mlflow.start_run()`` in the notebook works.
+    """
     import mlflow
 
     run = mlflow.active_run()
     if run is None:
         return
-    mlflow.set_tag(ERROR_TAG, scrub(error_summary, secrets)[:4000])
-    mlflow.end_run(status="FAILED")
+    try:
+        with _bounded_http():
+            mlflow.set_tag(ERROR_TAG, scrub(error_summary, secrets)[:4000])
+            mlflow.end_run(status="FAILED")
+    except Exception as exc:  # noqa: BLE001 - reported, never replaces the job's error
+        print(
+            f"[hvdrunner] WARNING: could not mark MLflow run {run.info.run_id} FAILED "
+            f"({type(exc).__name__}: {scrub(str(exc), secrets)[:500]}); it may show RUNNING "
+            f"in the tracking server. The job's own error follows.",
+            file=sys.stderr,
+            flush=True,
+        )
+    finally:
+        _forget_active_run(run.info.run_id)
+
+
+def _forget_active_run(run_id: str) -> None:
+    """Drop ``run_id`` from MLflow's active-run stack (end_run may have failed half-way)."""
+    import mlflow
+
+    while (active := mlflow.active_run()) is not None and active.info.run_id == run_id:
+        try:
+            from mlflow.tracking import fluent
+
+            getattr(fluent, "_active_run_stack").get().pop()  # noqa: B009 - private in MLflow
+        except Exception:  # noqa: BLE001 - MLflow internals moved: leave it
+            return
 
 
 @contextlib.contextmanager
@@ -129,12 +184,29 @@ def _client() -> Any | None:
 def log_params(params: Mapping[str, Any]) -> None:
     """Log params to the job's run (rank 0 only; a no-op elsewhere or without a run)."""
     client = _client()
-    if client is not None:
-        from mlflow.entities import Param
+    if client is None:
+        return
+    from mlflow.entities import Param, RunTag
 
-        client.log_batch(
-            run_id(), params=[Param(k, str(v)) for k, v in params.items()], synchronous=True
+    # A retried or resumed job logs into the same run again: params already there with the
+    # same value are skipped; a changed value (MLflow params are immutable) is kept as a tag
+    # `param_changed.<key>` and reported, instead of failing the job.
+    existing = client.get_run(run_id()).data.params
+    new = {k: str(v) for k, v in params.items() if k not in existing}
+    changed = {k: str(v) for k, v in params.items() if k in existing and existing[k] != str(v)}
+    if changed:
+        print(
+            f"[hvdrunner] params changed since this run first logged them (kept as "
+            f"param_changed.* tags): {changed}",
+            file=sys.stderr,
+            flush=True,
         )
+    client.log_batch(
+        run_id(),
+        params=[Param(k, v) for k, v in new.items()],
+        tags=[RunTag(f"param_changed.{k}", v) for k, v in changed.items()],
+        synchronous=True,
+    )
 
 
 def log_metrics(metrics: Mapping[str, float], step: int | None = None) -> None:
@@ -182,6 +254,22 @@ def autolog(**kwargs: Any) -> None:
     mlflow.tensorflow.autolog(**kwargs)
 
 
+def _save_kwargs(keras_mode: str) -> dict[str, Any]:
+    """How to save a trained model so that it loads where horovod/hvdrunner are absent.
+
+    - keras2 (TF 2.15): without the optimizer (its graph would hold Horovod ops).
+    - tf_keras (TF >= 2.16): MLflow saves ``.keras`` by default, which rejects
+      ``include_optimizer``; h5 without the optimizer loads and predicts anywhere.
+    - keras3: ``.keras``; the optimizer is saved under its own class (hvdrunner's subclass
+      keeps the base's name and module), so it loads with plain Keras.
+    """
+    if keras_mode == "keras3":
+        return {}
+    if keras_mode == "tf_keras":
+        return {"save_format": "h5", "include_optimizer": False}
+    return {"include_optimizer": False}
+
+
 def log_model(
     model: Any, input_example: Any, artifact_path: str = "model", registered_name: str | None = None
 ) -> str | None:
@@ -197,17 +285,17 @@ def log_model(
     import mlflow
     from mlflow.models import infer_signature
 
+    from hvdrunner.keras import compat
+
     signature = infer_signature(input_example, model.predict(input_example, verbose=0))
     with tempfile.TemporaryDirectory() as tmp:
         path = os.path.join(tmp, artifact_path)
-        # Without the optimizer: a DistributedOptimizer's graph holds Horovod ops that would
-        # make the model unloadable wherever horovod is not imported (serving, the driver).
         mlflow.tensorflow.save_model(
             model,
             path,
             signature=signature,
             input_example=input_example,
-            keras_model_kwargs={"include_optimizer": False},
+            keras_model_kwargs=_save_kwargs(compat.mode()),
         )
         client.log_artifacts(run_id(), path, artifact_path=artifact_path)
     uri = f"runs:/{run_id()}/{artifact_path}"

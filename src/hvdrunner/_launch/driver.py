@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import queue
+import re
 import socket
 import sys
 import threading
@@ -36,6 +37,7 @@ class _Conn:
         self.channel = channel
         self.partition: int | None = None
         self.host: str | None = None
+        self.address: str | None = None
         self.rank: int | None = None
         self.exited = False
 
@@ -157,6 +159,8 @@ class DriverService:
         start_timeout: float,
         job_error: Callable[[], BaseException | None],
         on_line: Callable[[str], None] | None = None,
+        exit_grace: float = 60.0,
+        timeout: float | None = None,
     ) -> Any:
         """Consume events until success (returns rank 0's value) or failure (raises).
 
@@ -164,19 +168,42 @@ class DriverService:
             start_timeout: seconds for all ``np`` ranks to register.
             job_error: returns the launch backend's error (e.g. the Spark job failed), if any.
             on_line: where driver-side output goes; default prints to the current stdout.
+            exit_grace: seconds the other ranks get to exit after rank 0 returned; then
+                they are stopped with a warning and rank 0's value is returned.
+            timeout: the whole job's bound in seconds (``None``: none).
         """
         show = on_line or (lambda text: print(text, file=sys.stdout, flush=True))
 
         def emit(text: str) -> None:
             show(self._scrub(text))
 
-        deadline = time.monotonic() + start_timeout
+        started = time.monotonic()
+        deadline = started + start_timeout
         registered: list[_Conn] = []
         assigned = False
         exits: dict[int, dict[str, Any]] = {}
         result: bytes | None = None
         failure: HorovodRunnerError | None = None
+        rank0_done: float | None = None
         while len(exits) < self.np and failure is None:
+            now = time.monotonic()
+            if rank0_done is not None and now - rank0_done > exit_grace:
+                late = sorted(set(range(self.np)) - set(exits))
+                emit(
+                    f"[hvdrunner] WARNING: rank(s) {late} still running {exit_grace:g}s "
+                    f"(exit_grace) after rank 0 returned; stopping them. Rank 0's value is "
+                    f"returned. A rank that keeps working after training (an endless loop, a "
+                    f"thread that is not a daemon) is the usual cause."
+                )
+                self.abort()
+                self._drain_exits(exits, emit)
+                break
+            if timeout is not None and now - started > timeout:
+                failure = HorovodRunnerError(
+                    f"The job did not finish within timeout={timeout:g}s and was stopped. "
+                    f"Raise HorovodRunner(timeout=...) if it needs longer."
+                )
+                break
             try:
                 cid, kind, payload = self._events.get(timeout=0.2)
             except queue.Empty:
@@ -200,6 +227,7 @@ class DriverService:
                 continue
             if kind == "register":
                 conn.partition, conn.host = payload["partition"], payload["host"]
+                conn.address = payload.get("address")
                 registered.append(conn)
                 if len(registered) == self.np:
                     self._assign(registered)
@@ -210,10 +238,12 @@ class DriverService:
                 conn.exited = True
                 exits[payload["rank"]] = payload
                 if payload["code"] != 0 and not payload["aborted"]:
-                    failure = _rank_failure(payload, self._scrub)
+                    failure = _rank_failure(payload, self._scrub, exits)
+                elif payload["rank"] == 0:
+                    rank0_done = time.monotonic()
             elif kind == "disconnect" and not conn.exited and conn.rank is not None:
                 failure = HorovodRunnerError(
-                    f"Lost contact with rank {conn.rank} on host {conn.host} before it "
+                    f"Lost contact with rank {conn.rank} on {conn.address} before it "
                     f"finished: its Spark task or executor died (see the executor's log).",
                     rank=conn.rank,
                 )
@@ -265,15 +295,54 @@ def _show_output(kind: str, payload: Any, emit: Callable[[str], None]) -> bool:
     return True
 
 
-def _rank_failure(report: dict[str, Any], scrub: Callable[[str], str]) -> HorovodRunnerError:
+_MISSING = re.compile(r"^(?:<\w+>: )?.*?(\d+)(!?): \[(.*)\]\s*$")
+
+
+def stalled_ranks(lines: list[str]) -> dict[int, str]:
+    """Ranks Horovod's stall inspector marked for shutdown (``N!: [tensors]``) in ``lines``."""
+    out: dict[int, str] = {}
+    in_block = False
+    for line in lines:
+        if "Missing ranks:" in line:
+            in_block = True
+            continue
+        m = _MISSING.match(line) if in_block else None
+        if m and m.group(2) == "!":
+            out[int(m.group(1))] = m.group(3)
+        elif not m:
+            in_block = False
+    return out
+
+
+def _rank_failure(
+    report: dict[str, Any], scrub: Callable[[str], str], exits: dict[int, dict[str, Any]]
+) -> HorovodRunnerError:
     rank = report["rank"]
-    tail = [scrub(line) for line in report["tail"]]
+    tail = [_clip(scrub(line)) for line in report["tail"]]
+    stalled = stalled_ranks(tail)
+    # A rank that returned early (exit 0) while the others still called collectives is the
+    # cause of their failure, not the rank that reported it.
+    early = sorted(r for r, e in exits.items() if e["code"] == 0 and r != rank)
+    cause = ""
+    if stalled:
+        cause = (
+            f"Rank(s) {sorted(stalled)} did not join a collective "
+            f"({'; '.join(f'{r}: {t}' for r, t in sorted(stalled.items()))}) within "
+            f"stall_timeout, so Horovod stopped the job. Every rank must make the same "
+            f"collective calls in the same order (same steps per epoch, same callbacks); "
+            f"raise HorovodRunner(stall_timeout=...) if a rank legitimately needs longer. "
+        )
+    elif early:
+        cause = (
+            f"Rank(s) {early} had already returned (exit code 0) while the others were "
+            f"still running collectives: every rank must run the same steps. "
+        )
     err = report.get("error")
     if err:
         err = {k: scrub(v) if isinstance(v, str) else v for k, v in err.items()}
     if err:
         summary = (
-            f"Rank {rank} failed with {err['type']}: {err['message']}. "
+            f"{cause}Rank {rank} failed with {err['type']}: {_clip(err['message'])}. "
             f"The other ranks were stopped."
         )
         return HorovodRunnerError(
@@ -285,8 +354,15 @@ def _rank_failure(report: dict[str, Any], scrub: Callable[[str], str]) -> Horovo
             output_tail=tail,
         )
     return HorovodRunnerError(
-        f"Rank {rank} died ({report['how']}) without raising a Python exception. "
+        f"{cause}Rank {rank} died ({report['how']}) without raising a Python exception. "
         f"The other ranks were stopped.",
         rank=rank,
         output_tail=tail,
     )
+
+
+def _clip(message: str, limit: int = 2000) -> str:
+    """A huge exception message once, shortened: the full text is in the traceback part."""
+    if len(message) <= limit:
+        return message
+    return f"{message[:limit]}... [{len(message) - limit} more characters in the traceback below]"

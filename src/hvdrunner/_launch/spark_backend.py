@@ -76,10 +76,10 @@ def _barrier_task(spec: TaskSpec) -> Any:
 
         ctx = BarrierTaskContext.get()
         partition = ctx.partitionId()
-        host = ctx.getTaskInfos()[partition].address.rsplit(":", 1)[0]
+        address = ctx.getTaskInfos()[partition].address.rsplit(":", 1)[0]
         resources = ctx.resources()
         gpus = list(resources["gpu"].addresses) if "gpu" in resources else []
-        yield run_slot(spec, partition, host, gpus)
+        yield run_slot(spec, partition, address, gpus)
 
     return task
 

@@ -59,11 +59,11 @@ def interface_for(address: str) -> str:
 
 
 def _rank_env(
-    spec: TaskSpec, assigned: dict[str, str], host: str, task_gpus: Sequence[str]
+    spec: TaskSpec, assigned: dict[str, str], address: str, task_gpus: Sequence[str]
 ) -> dict[str, str]:
     env = dict(os.environ)
     env.update(assigned)
-    iface = interface_for(host)
+    iface = interface_for(address)
     env["HOROVOD_GLOO_IFACE"] = iface
     env["NCCL_SOCKET_IFNAME"] = iface
     gpus = cuda_visible_devices(
@@ -81,17 +81,26 @@ def _rank_env(
     return env
 
 
-def run_slot(spec: TaskSpec, partition: int, host: str, task_gpus: Sequence[str]) -> int:
-    """Register with the driver, then supervise this slot's rank; returns its exit code."""
+def run_slot(spec: TaskSpec, partition: int, address: str, task_gpus: Sequence[str]) -> int:
+    """Register with the driver, then supervise this slot's rank; returns its exit code.
+
+    ``address`` is this task's address as Spark reports it (it picks the network interface);
+    the host itself is identified from inside the task, as Horovod on Spark does (hostname
+    + kernel namespaces): Spark may report one address (the connection's source, e.g.
+    127.0.0.1) for tasks on different workers.
+    """
+    from horovod.runner.common.util.host_hash import host_hash
+
+    host = host_hash()
     channel = protocol.connect(spec.driver_addr, spec.driver_port, spec.key)
     try:
-        channel.send("register", {"partition": partition, "host": host})
+        channel.send("register", {"partition": partition, "host": host, "address": address})
         kind, assigned = channel.recv()
         if kind != "assign":
             return 0  # aborted before the ranks were assigned
         rank = int(assigned["HOROVOD_RANK"])
         try:
-            env = _rank_env(spec, assigned, host, task_gpus)
+            env = _rank_env(spec, assigned, address, task_gpus)
         except Exception as exc:  # noqa: BLE001 - reported to the driver as this rank's failure
             channel.send(
                 "exit",

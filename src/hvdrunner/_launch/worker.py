@@ -58,6 +58,11 @@ def main(payload_path: str) -> int:
     _logging.install_channel(control)
     rank = int(os.environ.get("HOROVOD_RANK", "0"))
     try:
+        # Before user code: Horovod's Keras layer fails fast under Keras 3 (it would train
+        # unsynchronized), and in tf_keras mode `import keras` means tf_keras.
+        from hvdrunner.keras.compat import install_import_guard
+
+        install_import_guard()
         with open(payload_path, "rb") as f:
             fn, kwargs = cloudpickle.load(f)
         value = fn(**kwargs)

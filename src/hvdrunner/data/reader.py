@@ -75,13 +75,26 @@ def _to_numpy(array: Any, column: Column) -> np.ndarray:
     return values.astype(column.dtype, copy=False).reshape((-1, *column.shape))
 
 
+class CorruptDataError(RuntimeError):
+    """A prepared Parquet file cannot be read as it was written."""
+
+
 def read_piece(root: str, piece: Piece, columns: Sequence[Column]) -> dict[str, np.ndarray]:
     import pyarrow.parquet as pq
 
-    table = pq.read_table(
-        os.path.join(root, piece.path), columns=[c.name for c in columns], use_threads=True
-    ).slice(piece.start, piece.stop - piece.start)
-    return {c.name: _to_numpy(table.column(c.name), c) for c in columns}
+    path = os.path.join(root, piece.path)
+    try:
+        table = pq.read_table(path, columns=[c.name for c in columns], use_threads=True)
+        if table.num_rows < piece.stop:
+            raise ValueError(f"{table.num_rows} rows, at least {piece.stop} expected")
+        table = table.slice(piece.start, piece.stop - piece.start)
+        return {c.name: _to_numpy(table.column(c.name), c) for c in columns}
+    except (OSError, ValueError) as exc:  # pyarrow's ArrowInvalid is a ValueError
+        raise CorruptDataError(
+            f"the prepared file {path} cannot be read ({type(exc).__name__}: {exc}). The cache "
+            f"under {root} is damaged: run prepare(..., refresh=True) on the driver (or "
+            f"data.delete() and prepare again)."
+        ) from exc
 
 
 def iter_batches(

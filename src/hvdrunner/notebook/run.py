@@ -8,6 +8,13 @@ Cells (split at ``# COMMAND ----------``) run in order in one namespace holding 
 Markdown cells are shown as a heading; ``%pip`` and other magics are skipped with a note.
 Several notebooks in one command share the Spark session and their task values, like the
 tasks of one job. An error names the notebook, the cell number and the line.
+
+As on Databricks: ``dbutils.notebook.exit(value)`` ends that notebook successfully and the
+chain goes on. Unlike a local script, ``sys.exit()`` in a cell is an error here (on
+Databricks it does not end a notebook cleanly): use ``dbutils.notebook.exit``. A ``--param``
+that no notebook defines as a widget is refused before anything runs (a typo would
+otherwise train silently with the default). A failing notebook ends the MLflow run it left
+open FAILED.
 """
 
 from __future__ import annotations
@@ -22,10 +29,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from hvdrunner._notebook_shim import LocalDbutils, NotebookExit, display
+from hvdrunner.notebook.shim import LocalDbutils, NotebookExit, display
 
 HEADER = "# Databricks notebook source"
 SEPARATOR = re.compile(r"^# COMMAND -{10,}\s*$", re.MULTILINE)
+_WIDGET = re.compile(
+    r"dbutils\.widgets\.(?:text|dropdown|combobox|multiselect)\(\s*(?:name\s*=\s*)?['\"]([^'\"]+)['\"]"
+)
 
 
 @dataclass(frozen=True)
@@ -57,7 +67,9 @@ def parse(path: str | os.PathLike[str]) -> list[Cell]:
     text = Path(path).read_text()
     if not text.startswith(HEADER):
         raise ValueError(
-            f"{path}: not a Databricks source notebook (first line must be {HEADER!r})"
+            f"{path}: not a Databricks source notebook (its first line must be {HEADER!r}). "
+            f"Export the notebook as source (File > Export > Source file), or run a plain "
+            f"script with python directly."
         )
     body = text[len(HEADER) :]
     cells, line = [], 2
@@ -65,6 +77,11 @@ def parse(path: str | os.PathLike[str]) -> list[Cell]:
         cells.append(Cell(n, chunk.strip("\n"), line + len(chunk) - len(chunk.lstrip("\n"))))
         line += chunk.count("\n") + 1
     return cells
+
+
+def widgets(path: str | os.PathLike[str]) -> list[str]:
+    """The widget names a notebook defines (``dbutils.widgets.text("name", ...)`` etc.)."""
+    return sorted(set(_WIDGET.findall(Path(path).read_text())))
 
 
 def _markdown_title(source: str) -> str:
@@ -102,14 +119,26 @@ def run_notebook(path: str, namespace: dict[str, Any]) -> str | None:
             )
             continue
         # Pad with newlines so tracebacks carry the file's own line numbers.
-        code = compile(
-            "\n" * (cell.first_line - 1) + cell.source, f"{path} [cell {cell.number}]", "exec"
-        )
+        try:
+            code = compile(
+                "\n" * (cell.first_line - 1) + cell.source, f"{path} [cell {cell.number}]", "exec"
+            )
+        except SyntaxError as exc:
+            raise NotebookError(
+                f"{name}: cell {cell.number} has a syntax error at line {exc.lineno}: {exc.msg}"
+                f"{': ' + exc.text.strip() if exc.text else ''}"
+            ) from exc
         try:
             exec(code, namespace)  # noqa: S102 - running the user's notebook is the point
         except NotebookExit as done:
             _say(f"{name}: exited with {done.value!r}")
             return done.value
+        except SystemExit as exc:
+            raise NotebookError(
+                f"{name}: cell {cell.number} called sys.exit({exc.code!r}). On Databricks "
+                f"sys.exit does not end a notebook cleanly; use dbutils.notebook.exit(value) "
+                f"to end it successfully, or raise an exception to fail it."
+            ) from exc
         except Exception as exc:
             tb = traceback.extract_tb(exc.__traceback__)
             line = next(
@@ -123,7 +152,47 @@ def run_notebook(path: str, namespace: dict[str, Any]) -> str | None:
     return None
 
 
+def check_params(paths: list[str], params: dict[str, str]) -> None:
+    """Refuse parameters that no notebook of the chain defines as a widget.
+
+    Raises:
+        ValueError: naming the unknown parameters and each notebook's widgets.
+    """
+    defined = {path: widgets(path) for path in paths}
+    known = {w for ws in defined.values() for w in ws}
+    unknown = sorted(set(params) - known)
+    if unknown:
+        listing = "; ".join(
+            f"{Path(p).name}: {', '.join(ws) or '(none)'}" for p, ws in defined.items()
+        )
+        raise ValueError(
+            f"unknown parameter(s) {unknown}: no notebook defines such a widget, so the value "
+            f"would be ignored. Widgets: {listing}"
+        )
+
+
+def _fail_open_run(error: str) -> None:
+    """A failed notebook must not leave its MLflow run RUNNING (or, later, FINISHED)."""
+    try:
+        import mlflow
+    except ImportError:
+        return
+    if mlflow.active_run() is not None:
+        from hvdrunner import tracking
+
+        tracking.mark_failed(error, [])
+
+
 def run(paths: list[str], params: dict[str, str], task_values_file: str, master: str) -> int:
+    """Run notebooks in order as the tasks of one job; 0 on success, 1 on a failed cell,
+    2 on bad input (not a notebook, unknown parameter), before anything runs."""
+    try:
+        for path in paths:
+            parse(path)
+        check_params(paths, params)
+    except (OSError, ValueError) as exc:
+        print(f"ERROR: {exc}", file=sys.stderr, flush=True)
+        return 2
     from hvdrunner.spark import local_session
 
     t0 = time.monotonic()
@@ -142,8 +211,12 @@ def run(paths: list[str], params: dict[str, str], task_values_file: str, master:
             }
             run_notebook(path, namespace)
     except NotebookError as exc:
+        _fail_open_run(str(exc))
         print(f"\nERROR: {exc}", file=sys.stderr, flush=True)
         return 1
+    except BaseException as exc:
+        _fail_open_run(f"{type(exc).__name__}: {exc}")
+        raise
     finally:
         spark.stop()
     _say(f"done: {len(paths)} notebook(s) in {time.monotonic() - t0:.0f}s")

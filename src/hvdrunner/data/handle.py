@@ -1,18 +1,6 @@
-"""Spark DataFrame → Parquet on shared storage → each rank's equal, endless input stream.
+"""``PreparedData``: the small picklable handle ``prepare`` returns, and how ranks read it.
 
-Example:
-    >>> from hvdrunner.data import prepare
-    >>> data = prepare(df, cache_dir="/dbfs/tmp/hvd-cache", features="pixels", label="label")  # doctest: +SKIP
-    >>> def train():
-    ...     import horovod.tensorflow.keras as hvd; hvd.init()
-    ...     with data.tf_dataset(batch_size=64) as ds:        # this rank's shard, endless
-    ...         model.fit(ds, steps_per_epoch=data.steps_per_epoch(64), epochs=5)
-
-How shards stay equal: ``prepare`` writes plain Parquet (one directory per DataFrame,
-files of at most ``rows_per_file`` rows) and records each file's row count. A rank does not
-pick files or row groups (Petastorm's sharding, which gives unequal shards); it takes its
-contiguous range of ``ceil(N / np)`` global rows, the last rank wrapping around to the first
-rows. So any ``np`` with ``batch_size * np <= N`` gets identical step counts.
+Ranks read only through this handle: it holds URLs, row counts and the schema, never data.
 """
 
 from __future__ import annotations
@@ -21,11 +9,11 @@ import contextlib
 import math
 import os
 import shutil
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from hvdrunner._data_reader import Column, iter_batches, rows_per_rank, shard_pieces
+from hvdrunner.data.reader import Column, iter_batches, rows_per_rank, shard_pieces
 from hvdrunner.distributed import rank, size
 
 DEFAULT_CACHE_DIR = os.path.join(os.getcwd(), ".hvdrunner", "data-cache")
@@ -45,6 +33,7 @@ class PreparedData:
     features: tuple[str, ...]
     label: str | None
     single_feature: bool = field(default=True)
+    shared: bool = field(default=False)  # declared shared (prepare(shared=True)) or DBFS/Volumes
 
     # -- sizes -----------------------------------------------------------------------------
     def rows_per_rank(self, num_ranks: int | None = None) -> int:
@@ -90,6 +79,7 @@ class PreparedData:
             raise ValueError(f"cur_shard={shard} must be in [0, shard_count={count})")
         self.steps_per_epoch(batch_size, count)
         pieces = shard_pieces(self.files, shard, count)
+        self._check_visible({p.path for p in pieces})
         return iter_batches(
             self.local_path, pieces, self.columns, batch_size, shuffle, seed, shard, first_epoch
         )
@@ -139,6 +129,20 @@ class PreparedData:
             # Pieces are opened, read and closed one at a time: no reader outlives the block.
             del ds
 
+    def _check_visible(self, names: set[str]) -> None:
+        """Fail fast, naming the path, when this node cannot see the prepared files."""
+        import socket
+
+        missing = sorted(n for n in names if not os.path.isfile(os.path.join(self.local_path, n)))
+        if missing:
+            raise RuntimeError(
+                f"rank {rank()} on host {socket.gethostname()} cannot see the prepared data at "
+                f"{self.local_path} ({len(missing)} of its {len(names)} files missing, e.g. "
+                f"{missing[0]}). cache_dir must be storage that every node mounts at the same "
+                f"path (DBFS or /Volumes on Databricks; NFS or a FUSE-mounted bucket elsewhere, "
+                f"with prepare(..., shared=True)); if it was deleted, run prepare() again."
+            )
+
     def _structure(self, batch: dict[str, Any]) -> Any:
         x = batch[self.features[0]] if self.single_feature else {f: batch[f] for f in self.features}
         return x if self.label is None else (x, batch[self.label])
@@ -149,43 +153,4 @@ class PreparedData:
         shutil.rmtree(self.local_path, ignore_errors=True)
 
 
-def prepare(
-    df: Any,
-    *,
-    features: str | Sequence[str],
-    label: str | None = None,
-    cache_dir: str | None = None,
-    dtype: str = "float32",
-    shapes: dict[str, Sequence[int]] | None = None,
-    rows_per_file: int | None = None,
-) -> PreparedData:
-    """Write ``df``'s feature/label columns as Parquet under ``cache_dir``; return the handle.
-
-    Runs on the driver, before ``HorovodRunner.run``. Calling it again on the same
-    DataFrame reuses the files; ``data.delete()`` removes them.
-
-    Args:
-        df: a Spark DataFrame (e.g. a Delta table).
-        features: one column (fed as one tensor) or several (fed as a dict of tensors).
-            Numeric scalars, arrays of numbers (fixed length) and ML vectors are supported.
-        label: the label column, or ``None`` for unlabelled input.
-        cache_dir: ``dbfs:/…``, ``/dbfs/…``, ``/Volumes/…`` on Databricks (shared by all
-            nodes), a local directory locally. Default: ``./.hvdrunner/data-cache``.
-        dtype: floating columns are cast to this (``float32`` is what Keras wants).
-        shapes: per-row shape of array columns, e.g. ``{"pixels": (28, 28)}`` for a flat
-            784-long array; default: the array's length.
-        rows_per_file: rows per Parquet file; default sized for ~16 MB files.
-
-    Raises:
-        ValueError: empty DataFrame, unknown or unsupported column, ragged arrays,
-            unusable cache dir.
-        RuntimeError: called inside a Spark task or a Horovod rank.
-    """
-    from hvdrunner._data_prepare import materialize
-
-    return materialize(
-        df, features, label, cache_dir or DEFAULT_CACHE_DIR, dtype, shapes or {}, rows_per_file
-    )
-
-
-__all__ = ["DEFAULT_CACHE_DIR", "PreparedData", "prepare"]
+__all__ = ["DEFAULT_CACHE_DIR", "PreparedData"]

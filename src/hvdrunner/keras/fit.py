@@ -2,11 +2,16 @@
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from hvdrunner.distributed import is_rank0
+from hvdrunner.keras import callbacks as hk_callbacks
+from hvdrunner.keras import compat
+from hvdrunner.keras.checkpoint import CheckpointStore, check_dir
+from hvdrunner.keras.optimizer import distribute
 
 _OPTIMIZERS = ("adam", "sgd", "rmsprop", "adagrad")
 NOT_KERAS = (
@@ -38,6 +43,7 @@ class FitConfig:
     registered_model_name: str | None = None
     verbose: int = 2
     callbacks: tuple[Any, ...] = field(default=())
+    compression: str = "none"
 
     def __post_init__(self) -> None:
         for name in ("epochs", "batch_size", "checkpoint_every", "keep_checkpoints"):
@@ -54,6 +60,11 @@ class FitConfig:
             )
         if not isinstance(self.learning_rate, (int, float)) or not self.learning_rate > 0:
             raise ValueError(f"learning_rate must be a positive number, got {self.learning_rate!r}")
+        if self.compression not in ("none", "fp16"):
+            raise ValueError(
+                f"compression must be 'none' or 'fp16' (gradients sent as float16), got "
+                f"{self.compression!r}"
+            )
         if isinstance(self.optimizer, str) and self.optimizer.lower() not in _OPTIMIZERS:
             raise ValueError(
                 f"optimizer={self.optimizer!r} is not one of {_OPTIMIZERS}; pass one of those or "
@@ -74,15 +85,14 @@ class FitResult:
 
 
 def _make_optimizer(spec: str | Callable[[float], Any], lr: float) -> Any:
-    import tensorflow as tf
-
+    keras = compat.tf_keras()
     if callable(spec):
         return spec(lr)
     return {
-        "adam": tf.keras.optimizers.Adam,
-        "sgd": tf.keras.optimizers.SGD,
-        "rmsprop": tf.keras.optimizers.RMSprop,
-        "adagrad": tf.keras.optimizers.Adagrad,
+        "adam": keras.optimizers.Adam,
+        "sgd": keras.optimizers.SGD,
+        "rmsprop": keras.optimizers.RMSprop,
+        "adagrad": keras.optimizers.Adagrad,
     }[spec.lower()](learning_rate=lr)
 
 
@@ -106,56 +116,67 @@ def fit(
     registered_model_name: str | None = None,
     verbose: int = 2,
     callbacks: Sequence[Any] = (),
+    compression: str = "none",
+    validation: Any = None,
 ) -> FitResult | None:
     """Train ``build_model()`` data-parallel on this job's ranks; run it with HorovodRunner.
 
-    In this order: ``hvd.init()``; pin this rank's GPU (memory growth on); build the model
-    (``TypeError`` if it is not Keras); scale ``learning_rate`` by the number of ranks, with
-    a linear warmup over ``warmup_epochs``; wrap the optimizer in
-    ``hvd.DistributedOptimizer``; restore the newest checkpoint on rank 0 (if any); broadcast
-    model and optimizer state from rank 0; feed this rank's shard of ``data``
-    (:func:`hvdrunner.data.prepare`) with equal steps on every rank; average metrics over
-    ranks; Keras progress on rank 0 only; rank 0 checkpoints every ``checkpoint_every``
-    epochs (keeping ``keep_checkpoints``) and logs params, averaged metrics and the model to
-    the driver's MLflow run. Returns a :class:`FitResult` on rank 0, ``None`` elsewhere.
+    Works on Keras 2 (TF 2.15, or ``tf_keras`` with ``TF_USE_LEGACY_KERAS=1``) and Keras 3,
+    with hvdrunner's own Horovod layer (never ``horovod.tensorflow.keras``). In this order:
+    ``hvd.init()``; pin this rank's GPU (memory growth on); build the model (``TypeError``
+    if it is not Keras); scale ``learning_rate`` by the number of ranks, with a linear
+    warmup over ``warmup_epochs``; make the optimizer average gradients over ranks; restore
+    the newest intact checkpoint on rank 0 (if any); broadcast model and optimizer state
+    from rank 0; feed this rank's shard of ``data`` (:func:`hvdrunner.data.prepare`) with
+    equal steps on every rank; average metrics over ranks; check after the first epoch that
+    all ranks hold identical weights; Keras progress on rank 0 only; rank 0 checkpoints
+    every ``checkpoint_every`` epochs (keeping ``keep_checkpoints``) and logs params,
+    averaged metrics and the model to the driver's MLflow run. Returns a
+    :class:`FitResult` on rank 0, ``None`` elsewhere.
+
+    ``validation`` (prepared like ``data``) adds ``val_*`` metrics per epoch: every rank
+    evaluates its equal share of it (same number of steps everywhere; the last rank's share
+    wraps around to the first rows), and the metrics are averaged over ranks before any
+    callback sees them, so an ``EarlyStopping`` in ``callbacks`` decides the same on every
+    rank (a rank that stopped alone would hang the others).
+
+    ``compression="fp16"`` sends gradients as float16 (half the bytes per allreduce).
+
+    Arguments are validated on the driver by ``HorovodRunner.run`` before any rank starts
+    (including that ``checkpoint_dir`` is a writable directory).
 
     Example:
         >>> result = HorovodRunner(np=2).run(  # doctest: +SKIP
         ...     fit, build_model=build_model, data=data, epochs=5, batch_size=64,
         ...     loss="sparse_categorical_crossentropy", metrics=["accuracy"])
     """
-    cfg = FitConfig(
-        epochs=epochs, batch_size=batch_size, loss=loss, optimizer=optimizer, learning_rate=learning_rate,
-        metrics=tuple(metrics), warmup_epochs=warmup_epochs, checkpoint_dir=checkpoint_dir,
-        checkpoint_every=checkpoint_every, keep_checkpoints=keep_checkpoints, shuffle=shuffle, seed=seed,
-        log_model=log_model, registered_model_name=registered_model_name, verbose=verbose,
-        callbacks=tuple(callbacks),
-    )  # fmt: skip
-    import horovod.tensorflow as hvd_tf
-    import horovod.tensorflow.keras as hvd
+    cfg = _config(locals())
+
+    import horovod.tensorflow as hvd
     import tensorflow as tf
 
     from hvdrunner import tracking
-    from hvdrunner._checkpoint import CheckpointStore
-    from hvdrunner.keras import MLflowCallback
 
+    keras = compat.tf_keras()
     hvd.init()
     gpus = tf.config.list_physical_devices("GPU")
     for gpu in gpus:
         tf.config.experimental.set_memory_growth(gpu, True)
     if gpus:
         tf.config.set_visible_devices(gpus[hvd.local_rank() % len(gpus)], "GPU")
-    tf.keras.utils.set_random_seed(cfg.seed)
+    keras.utils.set_random_seed(cfg.seed)
 
     model = build_model()
-    if not isinstance(model, tf.keras.Model):
+    if not isinstance(model, keras.Model):
         raise TypeError(
             NOT_KERAS.format(kind=f"{type(model).__module__}.{type(model).__qualname__}")
         )
     scaled_lr = cfg.learning_rate * hvd.size()
-    opt = hvd.DistributedOptimizer(_make_optimizer(cfg.optimizer, scaled_lr))
-    model.compile(optimizer=opt, loss=cfg.loss, metrics=list(cfg.metrics))
-    opt.build(model.trainable_variables)  # optimizer state exists before restore/broadcast
+    opt = distribute(_make_optimizer(cfg.optimizer, scaled_lr), compression=cfg.compression)
+    # jit_compile=False: XLA has no kernel for Horovod's allreduce (Keras 3 turns XLA on
+    # by itself on GPUs).
+    model.compile(optimizer=opt, loss=cfg.loss, metrics=list(cfg.metrics), jit_compile=False)
+    compat.build_optimizer(opt, model.trainable_variables)  # state exists before restore
 
     store = (
         CheckpointStore(cfg.checkpoint_dir, cfg.keep_checkpoints) if cfg.checkpoint_dir else None
@@ -167,16 +188,19 @@ def fit(
             initial_epoch = store.restore(latest[1], model, opt)
             print(f"[hvdrunner] resuming after epoch {initial_epoch} from {latest[1]}", flush=True)
     initial_epoch = int(
-        hvd_tf.broadcast_object(initial_epoch, root_rank=0, name="hvdrunner.initial_epoch")
+        hvd.broadcast_object(initial_epoch, root_rank=0, name="hvdrunner.initial_epoch")
     )
-    hvd_tf.broadcast_variables(model.variables + list(opt.variables), root_rank=0)
+    hk_callbacks.broadcast_model(model, root_rank=0)
 
     steps = data.steps_per_epoch(cfg.batch_size)
-    cbs: list[Any] = [hvd.callbacks.MetricAverageCallback()]
-    if cfg.warmup_epochs:
-        cbs.append(hvd.callbacks.LearningRateWarmupCallback(
-            initial_lr=scaled_lr, warmup_epochs=cfg.warmup_epochs, steps_per_epoch=steps, verbose=0))  # fmt: skip
-    cbs.append(MLflowCallback())
+    cbs: list[Any] = [hk_callbacks.MetricAverageCallback()]
+    if cfg.warmup_epochs and initial_epoch < cfg.warmup_epochs:
+        cbs.append(hk_callbacks.LearningRateWarmupCallback(
+            initial_lr=scaled_lr, warmup_epochs=cfg.warmup_epochs, steps_per_epoch=steps))  # fmt: skip
+    else:
+        compat.set_learning_rate(opt, scaled_lr)  # a resume past the warmup: the full rate
+    cbs.append(hk_callbacks.WeightSyncCheckCallback())
+    cbs.append(hk_callbacks.MLflowCallback())
     if store is not None:
         cbs.append(_checkpoint_callback(store, opt, cfg.checkpoint_every, cfg.epochs))
     cbs.extend(cfg.callbacks)
@@ -184,13 +208,24 @@ def fit(
         {"epochs": cfg.epochs, "batch_size_per_rank": cfg.batch_size, "num_ranks": hvd.size(),
          "learning_rate": cfg.learning_rate, "scaled_learning_rate": scaled_lr,
          "warmup_epochs": cfg.warmup_epochs, "optimizer": getattr(cfg.optimizer, "__name__", cfg.optimizer),
-         "initial_epoch": initial_epoch, "steps_per_epoch": steps, "rows": data.num_rows}
+         "steps_per_epoch": steps, "rows": data.num_rows, "compression": cfg.compression,
+         "keras": f"{compat.mode()} {keras.__version__}"}
     )  # fmt: skip
-    with data.tf_dataset(
-        cfg.batch_size, shuffle=cfg.shuffle, seed=cfg.seed, first_epoch=initial_epoch
-    ) as ds:
+    # Changes on every resume of the same run: a tag, not a param (params are immutable).
+    tracking.set_tags({"hvdrunner.initial_epoch": initial_epoch})
+    val_batch = min(cfg.batch_size, validation.rows_per_rank()) if validation else None
+    val_steps = validation.steps_per_epoch(val_batch) if validation else None
+    with contextlib.ExitStack() as stack:
+        ds = stack.enter_context(data.tf_dataset(
+            cfg.batch_size, shuffle=cfg.shuffle, seed=cfg.seed, first_epoch=initial_epoch))  # fmt: skip
+        val_ds = (
+            stack.enter_context(validation.tf_dataset(val_batch, shuffle=False))
+            if validation is not None
+            else None
+        )
         history = model.fit(
             ds, steps_per_epoch=steps, epochs=cfg.epochs, initial_epoch=initial_epoch,
+            validation_data=val_ds, validation_steps=val_steps,
             callbacks=cbs, verbose=cfg.verbose if is_rank0() else 0,
         )  # fmt: skip
         example = next(iter(ds))
@@ -208,11 +243,49 @@ def fit(
     )  # fmt: skip
 
 
+def _config(arguments: dict[str, Any]) -> FitConfig:
+    """FitConfig from fit's keyword arguments (the sequences made tuples)."""
+    kwargs = {k: v for k, v in arguments.items() if k in FitConfig.__dataclass_fields__}
+    kwargs["metrics"] = tuple(kwargs.get("metrics", ()))
+    kwargs["callbacks"] = tuple(kwargs.get("callbacks", ()))
+    return FitConfig(**kwargs)
+
+
+def _preflight(**kwargs: Any) -> None:
+    """Driver side, before any rank starts: every argument validated, checkpoint_dir usable."""
+    missing = [
+        k for k in ("build_model", "data", "epochs", "batch_size", "loss") if k not in kwargs
+    ]
+    if missing:
+        raise TypeError(f"fit() missing required argument(s): {', '.join(missing)}")
+    unknown = sorted(
+        set(kwargs) - set(FitConfig.__dataclass_fields__) - {"build_model", "data", "validation"}
+    )
+    if unknown:
+        raise TypeError(
+            f"fit() got unexpected argument(s) {unknown}; see help(hvdrunner.keras.fit)"
+        )
+    cfg = _config(kwargs)
+    compat.check_backend()
+    if cfg.checkpoint_dir:
+        check_dir(cfg.checkpoint_dir)
+    for name in ("data", "validation"):
+        value = kwargs.get(name)
+        if (name == "data" or value is not None) and not hasattr(value, "steps_per_epoch"):
+            raise TypeError(
+                f"{name} must be prepared input (hvdrunner.data.prepare(df, ...)), got "
+                f"{type(value).__name__}"
+            )
+
+
+fit.hvdrunner_preflight = _preflight  # type: ignore[attr-defined]
+
+
 def _checkpoint_callback(store: Any, optimizer: Any, every: int, epochs: int) -> Any:
     """Rank 0 saves every ``every`` epochs and after the last one."""
-    import tensorflow as tf
+    base: type = compat.tf_keras().callbacks.Callback
 
-    class CheckpointCallback(tf.keras.callbacks.Callback):
+    class CheckpointCallback(base):
         def on_epoch_end(self, epoch: int, logs: dict[str, Any] | None = None) -> None:
             done = epoch + 1
             if is_rank0() and (done % every == 0 or done == epochs):

@@ -14,10 +14,14 @@ from collections.abc import Sequence
 from typing import Any
 
 from hvdrunner import _paths
-from hvdrunner._data_reader import Column
-from hvdrunner.data import _FORMAT, _META, PreparedData
+from hvdrunner.data.handle import _FORMAT, _META, DEFAULT_CACHE_DIR, PreparedData
+from hvdrunner.data.reader import Column
 
 _TARGET_FILE_BYTES = 16 * 1024 * 1024
+_DTYPES = {"float32": "float", "float64": "double"}
+# Leaf relations whose data is part of the plan itself (or of the query's own RDD): the
+# plan hash covers them. Any other leaf without input files may change unseen.
+_SELF_CONTAINED_LEAVES = ("LocalRelation", "Range", "OneRowRelation", "LogicalRDD")
 _UNSUPPORTED_HINT = {
     "StringType": "encode it as a number first (e.g. pyspark.ml.feature.StringIndexer)",
     "MapType": "select the needed keys into numeric columns",
@@ -64,7 +68,34 @@ def _column_kind(name: str, dtype: Any) -> tuple[str, int]:
     )
 
 
-def _cache_key(df: Any, columns: Sequence[str], dtype: str, shapes: dict[str, Any]) -> str:
+def input_identity(df: Any) -> list[tuple[str, int, int]] | None:
+    """``(path, size, mtime)`` of every input file, or ``None`` when the input can change
+    without any file changing (JDBC and other non-file sources).
+
+    Example:
+        >>> input_identity(spark.read.parquet("/data/x"))  # doctest: +SKIP
+        [('file:/data/x/part-0.parquet', 1234, 1700000000000)]
+    """
+    jvm = df.sparkSession.sparkContext._jvm
+    conf = df.sparkSession.sparkContext._jsc.hadoopConfiguration()
+    files = sorted(df.inputFiles())
+    out = []
+    for f in files:
+        path = jvm.org.apache.hadoop.fs.Path(f)
+        status = path.getFileSystem(conf).getFileStatus(path)
+        out.append((f, int(status.getLen()), int(status.getModificationTime())))
+    if out:
+        return out
+    leaves = df._jdf.queryExecution().analyzed().collectLeaves()
+    names = [leaves.apply(i).getClass().getSimpleName() for i in range(leaves.size())]
+    if all(n.startswith(_SELF_CONTAINED_LEAVES) for n in names):
+        return []
+    return None
+
+
+def _cache_key(
+    df: Any, columns: Sequence[str], dtype: str, shapes: dict[str, Any], inputs: Any
+) -> str:
     plan = df._jdf.queryExecution().analyzed().semanticHash()
     raw = json.dumps(
         [
@@ -74,18 +105,21 @@ def _cache_key(df: Any, columns: Sequence[str], dtype: str, shapes: dict[str, An
             list(columns),
             dtype,
             sorted((k, list(v)) for k, v in shapes.items()),
+            inputs,
         ]
     )
     return hashlib.sha256(raw.encode()).hexdigest()[:20]
 
 
-def _check_location(cache_dir: str, master: str) -> _paths.Location:
+def _check_location(cache_dir: str, master: str, shared: bool = False) -> _paths.Location:
     loc = _paths.resolve(cache_dir)
-    if not master.startswith("local") and not loc.shared:
+    if not master.startswith("local") and not loc.shared and not shared:
         raise ValueError(
-            f"cache_dir={cache_dir!r} is a directory local to each machine, but master "
-            f"{master!r} runs ranks on other nodes, which would not see the files. Use a "
-            f"shared location: dbfs:/..., /dbfs/... or /Volumes/<catalog>/<schema>/<volume>/..."
+            f"cache_dir={cache_dir!r} looks local to each machine, but master {master!r} runs "
+            f"ranks on other nodes, which would not see the files. On Databricks use "
+            f"dbfs:/..., /dbfs/... or /Volumes/<catalog>/<schema>/<volume>/...; on another "
+            f"cluster put it on a mount every node sees at the same path (NFS, a FUSE-mounted "
+            f"bucket) and pass shared=True (each rank then checks it can see the files)."
         )
     try:
         os.makedirs(loc.local_path, exist_ok=True)
@@ -99,6 +133,29 @@ def _check_location(cache_dir: str, master: str) -> _paths.Location:
             f"directory you can write to."
         ) from exc
     return loc
+
+
+def _verified(meta_dir: str) -> PreparedData | None:
+    """The cached handle if the cache is whole; ``None`` (with a warning) if it is broken.
+
+    Checks the metadata parses and every file's Parquet footer holds the rows recorded.
+    """
+    import pyarrow.parquet as pq
+
+    try:
+        prepared = _load(meta_dir)
+        if prepared is None:
+            return None
+        for name, rows in prepared.files:
+            found = pq.ParquetFile(os.path.join(meta_dir, name)).metadata.num_rows
+            if found != rows:
+                raise ValueError(f"{name} holds {found} rows, {rows} were written")
+    except Exception as exc:  # noqa: BLE001 - any damage means: rebuild
+        _say(f"WARNING: the prepared data at {meta_dir} is damaged ({type(exc).__name__}: "
+             f"{exc}); deleting and writing it again")  # fmt: skip
+        shutil.rmtree(meta_dir, ignore_errors=True)
+        return None
+    return prepared
 
 
 def _load(meta_dir: str) -> PreparedData | None:
@@ -116,7 +173,67 @@ def _load(meta_dir: str) -> PreparedData | None:
         features=tuple(m["features"]),
         label=m["label"],
         single_feature=m["single_feature"],
+        shared=m.get("shared", False),
     )
+
+
+def prepare(
+    df: Any,
+    *,
+    features: str | Sequence[str],
+    label: str | None = None,
+    cache_dir: str | None = None,
+    dtype: str = "float32",
+    shapes: dict[str, Sequence[int]] | None = None,
+    rows_per_file: int | None = None,
+    refresh: bool = False,
+    shared: bool = False,
+) -> PreparedData:
+    """Write ``df``'s feature/label columns as Parquet under ``cache_dir``; return the handle.
+
+    Runs on the driver, before ``HorovodRunner.run``. Calling it again on the same
+    DataFrame reuses the files; ``data.delete()`` removes them.
+
+    Args:
+        df: a Spark DataFrame (e.g. a Delta table).
+        features: one column (fed as one tensor) or several (fed as a dict of tensors).
+            Numeric scalars, arrays of numbers (fixed length) and ML vectors are supported.
+        label: the label column, or ``None`` for unlabelled input.
+        cache_dir: ``dbfs:/…``, ``/dbfs/…``, ``/Volumes/…`` on Databricks (shared by all
+            nodes), a local directory locally. Default: ``./.hvdrunner/data-cache``.
+        dtype: floating columns are cast to this (``float32`` is what Keras wants).
+        shapes: per-row shape of array columns, e.g. ``{"pixels": (28, 28)}`` for a flat
+            784-long array; default: the array's length.
+        rows_per_file: rows per Parquet file; default sized for ~16 MB files.
+        refresh: write the data again even when an up-to-date copy exists.
+        shared: ``cache_dir`` is a shared mount (NFS, a FUSE-mounted bucket) visible at
+            the same path on every node of a non-Databricks cluster. Each rank checks it
+            sees the files before training and fails naming the path if not.
+
+    The cache is reused only while the input is provably unchanged: the key covers the
+    query plan, the options and every input file's path, size and modification time (a
+    Delta table's current files, so any table version change). When the input cannot be
+    identified (e.g. a JDBC source), it is written again each time and a line says why.
+
+    Raises:
+        ValueError: empty DataFrame, unknown or unsupported column, ragged arrays,
+            unusable cache dir.
+        RuntimeError: called inside a Spark task or a Horovod rank.
+    """
+    if cache_dir is not None and (not isinstance(cache_dir, str) or not cache_dir.strip()):
+        raise ValueError(
+            f"cache_dir={cache_dir!r} is empty; pass a directory, or leave it out for the "
+            f"default {DEFAULT_CACHE_DIR}"
+        )
+    if dtype not in _DTYPES:
+        raise ValueError(
+            f"dtype={dtype!r} is not supported; pass one of {sorted(_DTYPES)} (floating "
+            f"columns are cast to it; integer columns keep their type)"
+        )
+    return materialize(
+        df, features, label, cache_dir or DEFAULT_CACHE_DIR, dtype, shapes or {}, rows_per_file,
+        refresh=refresh, shared=shared,
+    )  # fmt: skip
 
 
 def materialize(
@@ -127,6 +244,8 @@ def materialize(
     dtype: str,
     shapes: dict[str, Sequence[int]],
     rows_per_file: int | None,
+    refresh: bool = False,
+    shared: bool = False,
 ) -> PreparedData:
     from pyspark.ml.functions import vector_to_array
     from pyspark.sql import functions as F
@@ -149,13 +268,22 @@ def materialize(
         if name not in wanted:
             raise ValueError(f"shapes names {name!r}, which is not a feature or label column")
     kinds = {name: _column_kind(name, fields[name]) for name in wanted}
-    loc = _check_location(cache_dir, str(df.sparkSession.sparkContext.master))
-    key = _cache_key(df, wanted, dtype, dict(shapes))
+    loc = _check_location(cache_dir, str(df.sparkSession.sparkContext.master), shared)
+    inputs = input_identity(df)
+    key = _cache_key(df, wanted, dtype, dict(shapes), inputs)
+    if inputs is None:
+        # The input could change without any file changing: never reuse silently.
+        key += f"-{uuid.uuid4().hex[:8]}"
+        _say("the DataFrame's input is not a set of files (e.g. JDBC): its changes cannot "
+             "be detected, so it is written again (not reused)")  # fmt: skip
     final = loc.join(f"df-{key}")
-    existing = _load(final.local_path)
+    existing = None if refresh else _verified(final.local_path)
     if existing is not None:
-        _say(f"reusing prepared data at {final.spark_url} ({existing.num_rows} rows)")
+        what = f"{len(inputs)} unchanged input file(s)" if inputs else "the same in-plan data"
+        _say(f"reusing prepared data at {final.spark_url} ({existing.num_rows} rows; {what})")
         return existing
+    if refresh:
+        shutil.rmtree(final.local_path, ignore_errors=True)
 
     exprs, aggs = [], [F.count(F.lit(1)).alias("_rows")]
     for name in wanted:
@@ -171,15 +299,26 @@ def materialize(
     for name in wanted:
         kind, depth = kinds[name]
         if kind != "scalar":
-            flat = F.flatten(F.col(name)) if depth == 2 else F.col(name)
+            col = F.col(name)
+            flat = F.flatten(col) if depth == 2 else col
+            # A null element would become NaN (floats) or INT64_MIN (ints) in a batch.
+            null_elem = F.exists(flat, lambda x: x.isNull())
             aggs += [
                 F.min(F.size(flat)).alias(f"{name}__min"),
                 F.max(F.size(flat)).alias(f"{name}__max"),
             ]
             if depth == 2:
-                aggs.append(
-                    F.first(F.size(F.col(name)[0]), ignorenulls=True).alias(f"{name}__inner")
-                )
+                null_elem = null_elem | F.exists(col, lambda a: a.isNull())
+                inner = F.transform(col, lambda a: F.size(a))
+                aggs += [
+                    F.min(F.size(col)).alias(f"{name}__outer_min"),
+                    F.max(F.size(col)).alias(f"{name}__outer_max"),
+                    F.min(F.array_min(inner)).alias(f"{name}__inner_min"),
+                    F.max(F.array_max(inner)).alias(f"{name}__inner_max"),
+                ]
+            aggs.append(
+                F.sum(F.coalesce(null_elem, F.lit(True)).cast("long")).alias(f"{name}__null_elems")
+            )
     _say("checking columns (one Spark job)")
     stats = selected.agg(*aggs).collect()[0].asDict()
     num_rows = int(stats["_rows"])
@@ -197,17 +336,32 @@ def materialize(
         kind, depth = kinds[name]
         shape: tuple[int, ...] = ()
         if kind != "scalar":
+            if stats[f"{name}__null_elems"]:
+                raise ValueError(
+                    f"column {name!r} has {stats[f'{name}__null_elems']} rows with null "
+                    f"elements inside their arrays (they would become NaN or INT64_MIN in a "
+                    f"batch); replace them in Spark first, e.g. F.transform(col, lambda x: "
+                    f"F.coalesce(x, F.lit(0))), or filter those rows out."
+                )
             lo, hi = stats[f"{name}__min"], stats[f"{name}__max"]
             if lo != hi:
                 raise ValueError(
                     f"column {name!r} holds ragged arrays (lengths {lo}..{hi}); a batch needs "
                     f"one length. Pad or truncate them in Spark (e.g. F.slice) first."
                 )
-            shape = (
-                (hi,)
-                if depth == 1
-                else (hi // max(1, stats[f"{name}__inner"]), stats[f"{name}__inner"])
-            )
+            if depth == 1:
+                shape = (hi,)
+            else:
+                outer_len = (stats[f"{name}__outer_min"], stats[f"{name}__outer_max"])
+                inner_len = (stats[f"{name}__inner_min"], stats[f"{name}__inner_max"])
+                if outer_len[0] != outer_len[1] or inner_len[0] != inner_len[1]:
+                    raise ValueError(
+                        f"column {name!r} holds nested arrays of unequal shape (outer lengths "
+                        f"{outer_len[0]}..{outer_len[1]}, inner lengths {inner_len[0]}.."
+                        f"{inner_len[1]}); every row must have the same (outer, inner) shape. "
+                        f"Pad or reshape in Spark."
+                    )
+                shape = (outer_len[0], inner_len[0])
         if name in shapes:
             wanted_shape = tuple(int(s) for s in shapes[name])
             if math.prod(wanted_shape) != math.prod(shape or (1,)):
@@ -239,6 +393,7 @@ def materialize(
             "features": list(feats),
             "label": label,
             "single_feature": single,
+            "shared": bool(shared or loc.shared),
         }
         with open(os.path.join(tmp.local_path, _META), "w") as f:
             json.dump(meta, f)
@@ -251,7 +406,7 @@ def materialize(
         shutil.rmtree(tmp.local_path, ignore_errors=True)
     prepared = _load(final.local_path)
     assert prepared is not None
-    return prepared
+    return prepared  # a concurrent prepare may have won the rename: same key, same data
 
 
 def _file_rows(root: str) -> list[tuple[str, int]]:
@@ -275,7 +430,7 @@ def _is_floating(dtype: Any) -> bool:
 
 
 def _array_type(depth: int, dtype: str) -> str:
-    base = {"float32": "float", "float64": "double"}[dtype]
+    base = _DTYPES[dtype]
     for _ in range(depth):
         base = f"array<{base}>"
     return base

@@ -1,0 +1,65 @@
+#!/usr/bin/env bash
+# Brings one stack's venv up to its pins:  STACK=modern|lts bash scripts/setup_stack.sh
+# Idempotent: `make` calls it only when a requirements file or a script changed, and each
+# stage below checks before it works.
+#
+#   lts     Python 3.11, TF 2.15 (Keras 2), pyspark 3.5, pyarrow 14, petastorm (DBR 15.4 LTS ML)
+#   modern  Python 3.12, TF 2.21 (Keras 3) + tf_keras, pyspark 4.0, pyarrow 25, no petastorm
+#
+# Order matters: 1. TensorFlow; 2. horovod from source against it (scripts/install_horovod.sh);
+# 3. Spark, Arrow, MLflow, dev tools and hvdrunner itself (editable). Any missing piece (TF or
+# gloo support in horovod, `pip check`) fails loudly.
+set -euo pipefail
+
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+STACK="${STACK:-modern}"
+case "$STACK" in
+  lts) PYVER=3.11 ;;
+  modern) PYVER=3.12 ;;
+  *) printf 'ERROR: STACK must be lts or modern (got %s)\n' "$STACK" >&2; exit 2 ;;
+esac
+VENV="${VENV:-$ROOT/.venv-$STACK}"
+REQ="$ROOT/requirements/$STACK"
+
+say() { printf '\n==> [setup %s %s] %s\n' "$STACK" "$(date +%H:%M:%S)" "$*"; }
+die() { printf '\nERROR: %s\n' "$*" >&2; exit 1; }
+
+find_python() {
+  # PYTHON_BIN wins; else python3.X on PATH; else a pyenv-installed 3.X (pyenv's shim says
+  # "command not found" for versions that are installed but not selected).
+  local cand
+  for cand in "${PYTHON_BIN:-}" "python$PYVER" "$HOME"/.pyenv/versions/"$PYVER".*/bin/python"$PYVER"; do
+    [ -n "$cand" ] || continue
+    if "$cand" -c "import sys; assert sys.version_info[:2] == tuple(map(int, '$PYVER'.split('.')))" >/dev/null 2>&1; then
+      command -v "$cand" 2>/dev/null || echo "$cand"
+      return 0
+    fi
+  done
+  return 1
+}
+PYTHON_BIN="$(find_python)" \
+  || die "the $STACK stack needs Python $PYVER; none found. Install it or set PYTHON_BIN=/path/to/python$PYVER."
+command -v java >/dev/null 2>&1 || die "Java (17) is needed by pyspark; install a JDK (e.g. apt-get install openjdk-17-jdk-headless)."
+
+if [ ! -x "$VENV/bin/python" ]; then
+  say "creating $VENV with $PYTHON_BIN"
+  "$PYTHON_BIN" -m venv "$VENV"
+fi
+PY="$VENV/bin/python"
+PIP=("$PY" -m pip --disable-pip-version-check)
+"${PIP[@]}" install -q --upgrade "pip>=24,<26"
+
+say "stage 1/3: TensorFlow ($REQ/tensorflow.txt)"
+"${PIP[@]}" install -q -r "$REQ/tensorflow.txt"
+
+say "stage 2/3: horovod from source (TensorFlow + gloo, no MPI)"
+PYTHON="$PY" HVDRUNNER_HOROVOD_GPU=none bash "$ROOT/scripts/install_horovod.sh"
+
+say "stage 3/3: Spark, Arrow, MLflow, dev tools, hvdrunner ($REQ/stack.txt)"
+"${PIP[@]}" install -q -r "$REQ/stack.txt" -c "$REQ/tensorflow.txt"
+"${PIP[@]}" install -q --no-deps -e "$ROOT"
+
+say "pip check"
+"${PIP[@]}" check || die "pip check found conflicts in $VENV (see above)"
+TF_CPP_MIN_LOG_LEVEL=3 "$PY" -m hvdrunner doctor --quiet || die "hvdrunner doctor failed in $VENV (see above)"
+say "environment ready: $VENV"

@@ -1,0 +1,34 @@
+"""Run Databricks source-format notebooks locally, as the tasks of one job.
+
+- ``run``: the cell runner (``python -m hvdrunner.notebook run NOTEBOOK... --param k=v``).
+- ``shim``: the local ``dbutils`` (widgets, task values, ``notebook.exit``) and ``display``.
+
+Example:
+    >>> from hvdrunner.notebook import run  # doctest: +SKIP
+    >>> run(["notebooks/01_prepare_data.py"], {"np": "2"}, ".hvdrunner/tv.json", "local[2]")
+"""
+
+from hvdrunner.notebook.run import (
+    NotebookError,
+    check_params,
+    main,
+    parse,
+    run,
+    run_notebook,
+    task_key,
+    widgets,
+)
+from hvdrunner.notebook.shim import LocalDbutils, NotebookExit
+
+__all__ = [
+    "LocalDbutils",
+    "NotebookError",
+    "NotebookExit",
+    "check_params",
+    "main",
+    "parse",
+    "run",
+    "run_notebook",
+    "task_key",
+    "widgets",
+]

@@ -1,0 +1,178 @@
+"""hvdrunner's own Horovod Keras layer on real gloo ranks, on whichever Keras this stack has.
+
+- The standard Horovod Keras recipe: unchanged on Keras 2 (lts, and tf_keras mode on modern),
+  with the one-line import change (`hvdrunner.hvd_keras`) on Keras 3. Ranks end with
+  identical weights that differ from the initial ones.
+- Exact data-parallel equivalence of `hvd_keras.DistributedOptimizer`: np=2 x batch b equals
+  np=1 x batch 2b (plain SGD, no shuffle) to 1e-5.
+- No silent divergence: under Keras 3 `import horovod.tensorflow.keras` in a rank fails fast
+  naming the fix; the weight-sync check fails a job whose ranks drifted apart.
+"""
+
+from __future__ import annotations
+
+import importlib
+import time
+
+import numpy as np
+import pytest
+
+from hvdrunner import HorovodRunner, HorovodRunnerError
+from hvdrunner.keras import compat
+
+pytestmark = pytest.mark.keras
+
+MODE = compat.mode()
+# The one changed line of the migration, and only where Keras 3 needs it.
+RECIPE_MODULE = "hvdrunner.hvd_keras" if MODE == "keras3" else "horovod.tensorflow.keras"
+
+
+def keras_recipe(hvd_module: str, distributed: bool) -> dict:
+    """The standard Horovod Keras recipe (hvd.init, pin GPU, scale LR, DistributedOptimizer,
+    BroadcastGlobalVariablesCallback(0), MetricAverageCallback()); every rank's weights."""
+    import horovod.tensorflow as hvd_tf
+    import tensorflow as tf
+
+    hvd = importlib.import_module(hvd_module)
+    hvd.init()
+    gpus = tf.config.list_physical_devices("GPU")
+    for gpu in gpus:
+        tf.config.experimental.set_memory_growth(gpu, True)
+    if gpus:
+        tf.config.set_visible_devices(gpus[hvd.local_rank()], "GPU")
+    rng = np.random.default_rng(100 + hvd.rank())  # each rank its own data
+    x = rng.normal(size=(256, 4)).astype("float32")
+    y = (x @ np.array([1.0, -2.0, 3.0, 0.5]) + hvd.rank()).astype("float32")
+    tf.keras.utils.set_random_seed(1 + hvd.rank())  # different init: the broadcast must fix it
+    model = tf.keras.Sequential([tf.keras.Input(shape=(4,)), tf.keras.layers.Dense(1)])
+    root_initial = hvd_tf.broadcast_object([w.tolist() for w in model.get_weights()], 0)
+    opt = tf.keras.optimizers.SGD(0.01 * hvd.size())
+    if distributed:
+        opt = hvd.DistributedOptimizer(opt)
+    model.compile(optimizer=opt, loss="mse")
+    model.fit(
+        x,
+        y,
+        batch_size=32,
+        epochs=2,
+        callbacks=[
+            hvd.callbacks.BroadcastGlobalVariablesCallback(0),
+            hvd.callbacks.MetricAverageCallback(),
+        ],
+        verbose=0,
+    )
+    return {
+        "weights": hvd_tf.allgather_object([w.tolist() for w in model.get_weights()]),
+        "initial": root_initial,
+        "keras": tf.keras.__version__,
+    }
+
+
+@pytest.mark.parametrize("np_", [2, -2], ids=["spark-barrier", "driver-processes"])
+def test_standard_recipe_keeps_ranks_in_sync(spark, np_):
+    out = HorovodRunner(np=np_).run(keras_recipe, hvd_module=RECIPE_MODULE, distributed=True)
+    weights = out["weights"]
+    assert len(weights) == 2
+    for a, b in zip(weights[0], weights[1], strict=True):
+        np.testing.assert_allclose(np.array(a), np.array(b), rtol=0, atol=1e-7)
+    assert not np.allclose(np.array(weights[0][0]), np.array(out["initial"][0]))  # it trained
+    assert out["keras"].startswith("3" if MODE == "keras3" else "2")
+
+
+def test_without_distributed_optimizer_ranks_diverge():
+    # Same recipe minus DistributedOptimizer: identical start (broadcast), different data,
+    # so ranks must end apart. This is what makes the equality above meaningful.
+    out = HorovodRunner(np=-2).run(keras_recipe, hvd_module=RECIPE_MODULE, distributed=False)
+    weights = out["weights"]
+    assert not np.allclose(np.array(weights[0][0]), np.array(weights[1][0]))
+
+
+def sgd_steps(batch: int, lr: float) -> list:
+    """hvd_keras.DistributedOptimizer on a fixed dataset: rank r takes its half, in order."""
+    import tensorflow as tf
+
+    import hvdrunner.hvd_keras as hvd
+
+    hvd.init()
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(128, 4)).astype("float32")
+    y = (x @ np.array([1.0, -2.0, 0.5, 3.0]) + 0.1).astype("float32")
+    if hvd.size() == 2:
+        half = len(x) // 2
+        x, y = x[hvd.rank() * half : (hvd.rank() + 1) * half], y[hvd.rank() * half :][:half]
+    else:  # one rank, batch 2b: step k holds block k of each half, as the two ranks do
+        b = batch // 2
+        half = len(x) // 2
+        order = np.concatenate(
+            [
+                np.r_[k * b : (k + 1) * b, half + k * b : half + (k + 1) * b]
+                for k in range(half // b)
+            ]
+        )
+        x, y = x[order], y[order]
+    tf.keras.utils.set_random_seed(7)
+    model = tf.keras.Sequential([tf.keras.Input(shape=(4,)), tf.keras.layers.Dense(1)])
+    model.compile(optimizer=hvd.DistributedOptimizer(tf.keras.optimizers.SGD(lr)), loss="mse")
+    model.fit(
+        x, y, batch_size=batch, epochs=2, shuffle=False, verbose=0,
+        callbacks=[hvd.callbacks.BroadcastGlobalVariablesCallback(0)],
+    )  # fmt: skip
+    return [w.tolist() for w in model.get_weights()]
+
+
+@pytest.mark.timeout(300)
+def test_distributed_optimizer_two_ranks_of_b_equal_one_rank_of_2b():
+    # Averaged gradients of two batches of b == the gradient of their union (batch 2b), so
+    # with the same learning rate every step, and so the final weights, must agree.
+    w2 = HorovodRunner(np=-2).run(sgd_steps, batch=8, lr=0.05)
+    w1 = HorovodRunner(np=-1).run(sgd_steps, batch=16, lr=0.05)
+    for a, c in zip(w2, w1, strict=True):
+        np.testing.assert_allclose(np.array(a), np.array(c), atol=1e-5, rtol=0)
+    assert not np.allclose(np.array(w2[0]), 0.0)
+
+
+def import_horovod_keras() -> str:
+    import horovod.tensorflow.keras as hvd  # noqa: F401 - the import is the test
+
+    return "imported"
+
+
+@pytest.mark.skipif(MODE != "keras3", reason=f"tf.keras is Keras 2 here ({MODE}): allowed")
+def test_horovod_keras_layer_is_refused_under_keras3_with_the_fix():
+    started = time.monotonic()
+    with pytest.raises(HorovodRunnerError) as info:
+        HorovodRunner(np=-2).run(import_horovod_keras)
+    assert info.value.exc_type == "ImportError"
+    message = info.value.remote_message or ""
+    assert "Keras 3" in message and "hvdrunner.hvd_keras" in message
+    assert "TF_USE_LEGACY_KERAS=1" in message
+    assert time.monotonic() - started < 60  # before any training, not after
+
+
+@pytest.mark.skipif(MODE == "keras3", reason="Horovod's Keras layer is refused under Keras 3")
+def test_horovod_keras_layer_imports_where_tf_keras_is_keras2():
+    assert HorovodRunner(np=-1).run(import_horovod_keras) == "imported"
+
+
+def drifting_recipe() -> None:
+    """DistributedOptimizer *not* used: ranks train apart; the sync check must stop it."""
+    import tensorflow as tf
+
+    import hvdrunner.hvd_keras as hvd
+
+    hvd.init()
+    x = np.random.default_rng(hvd.rank()).normal(size=(64, 3)).astype("float32")
+    model = tf.keras.Sequential([tf.keras.Input(shape=(3,)), tf.keras.layers.Dense(1)])
+    model.compile(optimizer=tf.keras.optimizers.SGD(0.1), loss="mse")
+    model.fit(
+        x, x.sum(axis=1), batch_size=16, epochs=3, verbose=0,
+        callbacks=[hvd.callbacks.BroadcastGlobalVariablesCallback(0),
+                   hvd.callbacks.WeightSyncCheckCallback()],
+    )  # fmt: skip
+
+
+def test_weight_sync_check_fails_a_diverging_job():
+    with pytest.raises(HorovodRunnerError) as info:
+        HorovodRunner(np=-2).run(drifting_recipe)
+    assert info.value.exc_type == "RanksOutOfSyncError"
+    assert "gradients were not averaged" in (info.value.remote_message or "")
