@@ -64,7 +64,7 @@ def keras_recipe(hvd_module: str, distributed: bool) -> dict:
     return {
         "weights": hvd_tf.allgather_object([w.tolist() for w in model.get_weights()]),
         "initial": root_initial,
-        "keras": tf.keras.__version__,
+        "keras": compat.keras_version(),
     }
 
 

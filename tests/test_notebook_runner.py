@@ -49,7 +49,7 @@ def _namespace(params, values_file, key):
 def test_parse_cells_and_magics(tmp_path):
     cells = parse(_write(tmp_path, "01_x.py", NB))
     assert [c.magic for c in cells] == ["md", "pip", None, None]
-    assert cells[2].first_line == 13
+    assert cells[2].first_line == 12  # the widgets.text line of NB
     with pytest.raises(ValueError, match="not a Databricks source notebook"):
         parse(_write(tmp_path, "plain.py", "print(1)\n"))
 
@@ -79,7 +79,7 @@ def test_task_values_chain_between_notebooks(tmp_path):
 def test_error_names_notebook_cell_and_line(tmp_path):
     path = _write(tmp_path, "01_first.py", NB)
     with pytest.raises(
-        NotebookError, match=r"01_first.py: cell 4 failed at line 20: ValueError: too big"
+        NotebookError, match=r"01_first.py: cell 4 failed at line 19: ValueError: too big"
     ):
         run_notebook(str(path), _namespace({"n": "50"}, tmp_path / "tv.json", "first"))
 
@@ -121,7 +121,7 @@ def test_plain_python_file_is_refused_with_a_clear_message(tmp_path, capsys):
 def test_syntax_error_names_notebook_cell_and_line(tmp_path):
     bad = NB.replace("value = int(", "value = int((")
     path = _write(tmp_path, "01_bad.py", bad)
-    with pytest.raises(NotebookError, match=r"01_bad.py: cell 3 has a syntax error at line 14"):
+    with pytest.raises(NotebookError, match=r"01_bad.py: cell 3 has a syntax error at line 13"):
         run_notebook(str(path), _namespace({"n": "1"}, tmp_path / "tv.json", "bad"))
 
 

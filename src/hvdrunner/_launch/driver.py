@@ -185,6 +185,7 @@ class DriverService:
         result: bytes | None = None
         failure: HorovodRunnerError | None = None
         rank0_done: float | None = None
+        failed_report: dict[str, Any] | None = None
         while len(exits) < self.np and failure is None:
             now = time.monotonic()
             if rank0_done is not None and now - rank0_done > exit_grace:
@@ -238,6 +239,7 @@ class DriverService:
                 conn.exited = True
                 exits[payload["rank"]] = payload
                 if payload["code"] != 0 and not payload["aborted"]:
+                    failed_report = payload
                     failure = _rank_failure(payload, self._scrub, exits)
                 elif payload["rank"] == 0:
                     rank0_done = time.monotonic()
@@ -250,6 +252,8 @@ class DriverService:
         if failure is not None:
             self.abort()
             self._drain_exits(exits, emit)
+            if failed_report is not None:  # now knowing every rank's exit: name the cause
+                failure = _rank_failure(failed_report, self._scrub, exits)
             raise failure
         if result is None:
             raise HorovodRunnerError("Rank 0 finished without sending its return value.", rank=0)

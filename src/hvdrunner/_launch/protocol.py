@@ -30,10 +30,15 @@ class ProtocolError(RuntimeError):
 
 def error_report(exc: BaseException, message: str | None = None) -> dict[str, str]:
     """How a rank's exception travels to the driver (call inside the ``except`` block)."""
+    if message is None:
+        try:
+            message = str(exc)
+        except Exception as failed:  # noqa: BLE001 - a broken __str__ must not hide the error
+            message = f"<{type(exc).__name__} whose str() raised {type(failed).__name__}: {failed}>"
     return {
         "type": type(exc).__qualname__,
         "module": type(exc).__module__,
-        "message": str(exc) if message is None else message,
+        "message": message,
         "traceback": traceback.format_exc(),
     }
 

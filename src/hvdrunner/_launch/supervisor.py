@@ -14,8 +14,11 @@ import subprocess
 import sys
 import tempfile
 import threading
+import time
 from collections.abc import Mapping
 from typing import IO, Any
+
+import psutil
 
 from hvdrunner._launch import protocol
 from hvdrunner._launch.worker import CONTROL_FD_ENV
@@ -62,6 +65,7 @@ class RankSupervisor:
         self._error: dict[str, str] | None = None
         self._aborted = threading.Event()
         self._proc: subprocess.Popen[bytes] | None = None
+        self._descendants: dict[int, psutil.Process] = {}
 
     # -- output relays -------------------------------------------------------------------
     def _pump_output(self, stream: IO[bytes], name: str) -> None:
@@ -121,6 +125,26 @@ class RankSupervisor:
             except subprocess.TimeoutExpired:
                 continue
 
+    def _watch_descendants(self, proc: subprocess.Popen[bytes]) -> None:
+        """Remember the rank's descendants while it runs: once it exits they are orphans."""
+        try:
+            parent = psutil.Process(proc.pid)
+        except psutil.Error:
+            return
+        while proc.poll() is None:
+            try:
+                for child in parent.children(recursive=True):
+                    self._descendants[child.pid] = child
+            except psutil.Error:
+                pass
+            time.sleep(0.5)
+
+    def _kill_descendants(self) -> None:
+        for child in list(self._descendants.values()):
+            with contextlib.suppress(psutil.Error):
+                if child.is_running():  # same pid *and* start time: never a recycled pid
+                    child.kill()
+
     # -- main ----------------------------------------------------------------------------
     def run(self) -> int:
         """Run the rank to completion and send its ``exit`` report; returns the exit code."""
@@ -163,10 +187,13 @@ class RankSupervisor:
             for t in pumps:
                 t.start()
             threading.Thread(target=self._listen_for_abort, daemon=True).start()
+            threading.Thread(target=self._watch_descendants, args=(proc,), daemon=True).start()
             code = proc.wait()
-            # Anything the child left running in its group would hold the pipes open.
+            # Anything the child left running would hold the pipes open (and outlive the
+            # job): its process group, and descendants that left the group (setsid, daemons).
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.killpg(proc.pid, signal.SIGKILL)
+            self._kill_descendants()
             for t in pumps:
                 t.join(timeout=10)
         with self._tail_lock:

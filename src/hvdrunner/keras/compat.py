@@ -105,9 +105,14 @@ def tf_keras() -> ModuleType:
     return keras
 
 
-def is_keras3(keras: Any) -> bool:
-    version = getattr(keras, "__version__", None) or getattr(keras, "version", lambda: "")()
-    return str(version).startswith("3")
+def is_keras3(keras: Any = None) -> bool:
+    """True when ``tf.keras`` is Keras 3 (``keras`` is accepted for call-site clarity)."""
+    return generation() == 3
+
+
+def keras_version() -> str:
+    """The version of the Keras that ``tf.keras`` is (``tf.keras`` itself may not say)."""
+    return _version("tf_keras" if mode() == "tf_keras" else "keras") or "unknown"
 
 
 def tf_variable(var: Any) -> Any:

@@ -209,7 +209,7 @@ def fit(
          "learning_rate": cfg.learning_rate, "scaled_learning_rate": scaled_lr,
          "warmup_epochs": cfg.warmup_epochs, "optimizer": getattr(cfg.optimizer, "__name__", cfg.optimizer),
          "steps_per_epoch": steps, "rows": data.num_rows, "compression": cfg.compression,
-         "keras": f"{compat.mode()} {keras.__version__}"}
+         "keras": f"{compat.mode()} {compat.keras_version()}"}
     )  # fmt: skip
     # Changes on every resume of the same run: a tag, not a param (params are immutable).
     tracking.set_tags({"hvdrunner.initial_epoch": initial_epoch})

@@ -32,7 +32,7 @@ from typing import Any
 from hvdrunner.notebook.shim import LocalDbutils, NotebookExit, display
 
 HEADER = "# Databricks notebook source"
-SEPARATOR = re.compile(r"^# COMMAND -{10,}\s*$", re.MULTILINE)
+SEPARATOR = re.compile(r"^# COMMAND -{10,}[ \t]*$", re.MULTILINE)
 _WIDGET = re.compile(
     r"dbutils\.widgets\.(?:text|dropdown|combobox|multiselect)\(\s*(?:name\s*=\s*)?['\"]([^'\"]+)['\"]"
 )
@@ -72,10 +72,12 @@ def parse(path: str | os.PathLike[str]) -> list[Cell]:
             f"script with python directly."
         )
     body = text[len(HEADER) :]
-    cells, line = [], 2
+    # The body starts on line 1, right after the header; each separator sits on the line
+    # where the previous chunk's last newline leads, and the next chunk starts on it.
+    cells, line = [], 1
     for n, chunk in enumerate(SEPARATOR.split(body), start=1):
         cells.append(Cell(n, chunk.strip("\n"), line + len(chunk) - len(chunk.lstrip("\n"))))
-        line += chunk.count("\n") + 1
+        line += chunk.count("\n")
     return cells
 
 

@@ -1,0 +1,248 @@
+"""Fault injection: every job ends, in bounded time, with the real error, no process left
+behind and no MLflow run left RUNNING. Real gloo ranks (driver processes), a real MLflow
+sqlite store; the short bounds come from the documented knobs (stall_timeout, exit_grace,
+timeout)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import mlflow
+import psutil
+import pytest
+
+from hvdrunner import HorovodRunner, HorovodRunnerError, log_to_driver
+
+
+# -- functions that run on the ranks --------------------------------------------------------
+def rank1_never_exits() -> str:
+    if os.environ["HOROVOD_RANK"] == "1":
+        time.sleep(3600)  # stuck in its own code after training
+    return "rank-0-value"
+
+
+def rank1_skips_the_collective() -> None:
+    import horovod.tensorflow as hvd
+    import tensorflow as tf
+
+    hvd.init()
+    hvd.allreduce(tf.constant(1.0), name="warmup")
+    if hvd.rank() == 1:
+        time.sleep(3600)  # stops participating
+    hvd.allreduce(tf.constant(1.0), name="the_step_rank1_never_joins")
+
+
+def rank1_returns_early() -> None:
+    import horovod.tensorflow as hvd
+    import tensorflow as tf
+
+    hvd.init()
+    if hvd.rank() == 1:
+        return  # leaves while rank 0 still expects it in collectives
+    time.sleep(1)
+    for _ in range(3):
+        hvd.allreduce(tf.constant(1.0), name="after_rank1_left")
+
+
+def sleeps(seconds: float) -> None:
+    time.sleep(seconds)
+
+
+class Unprintable(Exception):
+    def __str__(self) -> str:
+        raise RuntimeError("str() is broken too")
+
+
+def raise_unprintable() -> None:
+    raise Unprintable()
+
+
+def raise_huge() -> None:
+    raise ValueError("x" * 200_000)
+
+
+def spawn_detached_grandchild(pid_file: str) -> str:
+    proc = subprocess.Popen(
+        [sys.executable, "-c", "import time; time.sleep(600)"], start_new_session=True
+    )
+    with open(pid_file, "w") as f:
+        f.write(str(proc.pid))
+    return "done"
+
+
+def long_log() -> None:
+    log_to_driver("y" * 10_000)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
+
+
+# -- hangs ----------------------------------------------------------------------------------
+def test_a_rank_that_never_exits_after_rank0_returned_is_stopped(capsys):
+    started = time.monotonic()
+    value = HorovodRunner(np=-2, exit_grace=3, driver_log_verbosity="all").run(rank1_never_exits)
+    assert value == "rank-0-value"
+    assert time.monotonic() - started < 30
+    out = capsys.readouterr()
+    assert "rank(s) [1] still running 3s (exit_grace)" in out.out + out.err
+
+
+@pytest.mark.timeout(180)
+def test_a_stalled_collective_fails_naming_the_rank_that_did_not_join():
+    started = time.monotonic()
+    with pytest.raises(HorovodRunnerError) as info:
+        HorovodRunner(np=-2, stall_timeout=8).run(rank1_skips_the_collective)
+    elapsed = time.monotonic() - started
+    assert "Rank(s) [1] did not join a collective" in str(info.value)
+    assert "the_step_rank1_never_joins" in str(info.value)
+    assert "stall_timeout" in str(info.value)
+    assert elapsed < 8 + 60  # the bound plus TF imports and Horovod's check interval
+
+
+def test_overall_timeout_stops_the_job():
+    started = time.monotonic()
+    with pytest.raises(HorovodRunnerError, match=r"did not finish within timeout=3s"):
+        HorovodRunner(np=-2, timeout=3).run(sleeps, seconds=600)
+    assert time.monotonic() - started < 30
+
+
+@pytest.mark.parametrize("knob", ["stall_timeout", "exit_grace", "timeout", "start_timeout"])
+def test_knobs_are_validated(knob):
+    with pytest.raises(ValueError, match=knob):
+        HorovodRunner(np=2, **{knob: 0})
+
+
+# -- error reporting --------------------------------------------------------------------------
+def test_early_exit_of_one_rank_is_named_as_the_cause():
+    with pytest.raises(HorovodRunnerError) as info:
+        HorovodRunner(np=-2, stall_timeout=8).run(rank1_returns_early)
+    assert "Rank(s) [1] had already returned (exit code 0)" in info.value.summary
+    assert info.value.rank == 0  # the rank that saw the error; the cause is named first
+
+
+def test_an_exception_whose_str_raises_is_still_reported():
+    with pytest.raises(HorovodRunnerError) as info:
+        HorovodRunner(np=-1).run(raise_unprintable)
+    assert info.value.exc_type == "Unprintable"
+    assert "without raising" not in str(info.value)
+    assert "whose str() raised RuntimeError" in (info.value.remote_message or "")
+
+
+def test_a_huge_exception_message_is_not_repeated():
+    with pytest.raises(HorovodRunnerError) as info:
+        HorovodRunner(np=-1).run(raise_huge)
+    text = str(info.value)
+    assert info.value.exc_type == "ValueError"
+    assert text.count("x" * 200_000) <= 1  # once, in the remote traceback
+    assert len(info.value.summary) < 3000
+
+
+def test_a_detached_grandchild_does_not_outlive_the_job(tmp_path):
+    pid_file = tmp_path / "pid"
+    started = time.monotonic()
+    assert HorovodRunner(np=-1).run(spawn_detached_grandchild, pid_file=str(pid_file)) == "done"
+    assert time.monotonic() - started < 15
+    pid = int(pid_file.read_text())
+    deadline = time.monotonic() + 5
+    while _alive(pid) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not _alive(pid)
+
+
+def test_log_to_driver_truncates_like_sparkdl(capsys):
+    HorovodRunner(np=-1).run(long_log)
+    out = capsys.readouterr().out
+    line = next(line for line in out.splitlines() if line.startswith("[0] yyy"))
+    assert line.endswith("... [truncated 6000 characters]")
+    assert line.count("y") == 4000
+
+
+# -- tracking never masks the job's error, never leaves a run RUNNING ------------------------
+def fails() -> None:
+    raise RuntimeError("the real training error")
+
+
+def test_experiment_deleted_meanwhile_job_error_wins(store):
+    with mlflow.start_run() as run:
+        mlflow.MlflowClient().delete_experiment(run.info.experiment_id)
+        with pytest.raises(HorovodRunnerError, match="the real training error"):
+            HorovodRunner(np=-1).run(fails)
+        assert mlflow.active_run() is None  # not stuck as the notebook's active run
+    with mlflow.start_run(experiment_id=mlflow.create_experiment("after")):
+        pass  # the next run starts fine
+
+
+def test_tracking_server_down_job_error_wins_in_bounded_time(store, capsys):
+    # The run is started against a real store, then the tracking server "goes away":
+    # nothing listens on the port, so every call is refused.
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        dead = s.getsockname()[1]
+    run = mlflow.start_run()
+    good = mlflow.get_tracking_uri()
+    mlflow.set_tracking_uri(f"http://127.0.0.1:{dead}")
+    try:
+        started = time.monotonic()
+        with pytest.raises(HorovodRunnerError, match="the real training error"):
+            HorovodRunner(np=-1).run(fails)
+        assert time.monotonic() - started < 60
+        assert mlflow.active_run() is None
+        assert "could not mark MLflow run" in capsys.readouterr().err
+    finally:
+        mlflow.set_tracking_uri(good)
+    # what the server would show: it never heard of the end, the real store says RUNNING;
+    # the job's own error was still raised and the notebook can go on.
+    assert mlflow.get_run(run.info.run_id).info.status in ("RUNNING", "FAILED")
+
+
+DRIVER = """
+import os, sys, mlflow
+sys.path[:0] = {paths!r}
+from hvdrunner import HorovodRunner
+from test_faults import sleeps
+mlflow.set_tracking_uri({uri!r})
+with mlflow.start_run() as run:
+    print("RUN", run.info.run_id, flush=True)
+    HorovodRunner(np=-2).run(sleeps, seconds=600)
+"""
+
+
+def test_sigterm_to_the_driver_ends_the_run_failed_and_leaves_no_rank(store, tmp_path):
+    here = os.path.dirname(os.path.abspath(__file__))
+    script = tmp_path / "driver.py"
+    script.write_text(DRIVER.format(paths=[here], uri=mlflow.get_tracking_uri()))
+    proc = subprocess.Popen(
+        [sys.executable, str(script)], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+    )
+    run_id = None
+    deadline = time.monotonic() + 120
+    while run_id is None and time.monotonic() < deadline:
+        line = proc.stdout.readline()
+        if line.startswith("RUN "):
+            run_id = line.split()[1]
+    assert run_id is not None
+    # wait until both ranks run, then terminate the driver as a cancelled job would
+    while time.monotonic() < deadline:
+        ranks = [p for p in psutil.Process(proc.pid).children(recursive=True)
+                 if "hvdrunner._launch.worker" in " ".join(p.cmdline())]  # fmt: skip
+        if len(ranks) == 2:
+            break
+        time.sleep(0.2)
+    started = time.monotonic()
+    proc.send_signal(signal.SIGTERM)
+    code = proc.wait(timeout=60)
+    assert code == 128 + signal.SIGTERM
+    assert time.monotonic() - started < 30
+    assert mlflow.get_run(run_id).info.status == "FAILED"
+    for p in ranks:
+        assert not _alive(p.pid)
