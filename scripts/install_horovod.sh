@@ -49,13 +49,16 @@ print(f"horovod {horovod.__version__}: TensorFlow [X] gloo [X]")
 PY
 }
 
-read -r TF_VERSION PYV NEEDS_PATCH < <("$PY" - <<'PY' || true
+read -r TF_VERSION PYV NEEDS_PATCH < <("$PY" - <<'PY' 2>/dev/null
 import importlib.metadata as m, sys
-v = m.version("tensorflow")
+try:
+    v = m.version("tensorflow")
+except m.PackageNotFoundError:
+    sys.exit(0)
 major, minor = (int(x) for x in v.split(".")[:2])
 print(v, f"{sys.version_info[0]}{sys.version_info[1]}", int((major, minor) >= (2, 16)))
 PY
-)
+) || true
 [ -n "${TF_VERSION:-}" ] || die "TensorFlow is not installed for $PY: install it first (horovod compiles against it)."
 
 case "$GPU_MODE" in

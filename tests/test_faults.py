@@ -101,10 +101,11 @@ def test_a_stalled_collective_fails_naming_the_rank_that_did_not_join():
     with pytest.raises(HorovodRunnerError) as info:
         HorovodRunner(np=-2, stall_timeout=8).run(rank1_skips_the_collective)
     elapsed = time.monotonic() - started
-    assert "Rank(s) [1] did not join a collective" in str(info.value)
-    assert "the_step_rank1_never_joins" in str(info.value)
-    assert "stall_timeout" in str(info.value)
-    assert elapsed < 8 + 60  # the bound plus TF imports and Horovod's check interval
+    message = str(info.value)
+    assert "Rank(s) [1] did not join the collective that rank(s) [0] waited in" in message
+    assert "test_faults.py" in message and "rank1_skips_the_collective" in message  # where
+    assert "stall_timeout=8s" in message and info.value.rank == 1
+    assert elapsed < 8 + 45  # the bound, plus TF imports and the watchdog's period
 
 
 def test_overall_timeout_stops_the_job():

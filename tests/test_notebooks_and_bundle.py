@@ -88,13 +88,31 @@ def test_jobs_load_with_databricks_bundles_and_match_the_notebooks():
         assert [lib.whl for lib in task.libraries] == ["../dist/*.whl"]
     cluster = raw["job_clusters"][0]["new_cluster"]
     assert cluster["spark_conf"]["spark.task.resource.gpu.amount"] == "1"
+    # Unity Catalog era: dedicated access mode (barrier RDD jobs), storage on a volume.
+    assert cluster["data_security_mode"] == "SINGLE_USER"
+    assert cluster["init_scripts"] == "${var.init_scripts}"
+    assert cluster["spark_env_vars"]["HVDRUNNER_WHEEL_CACHE"].startswith("${var.storage_root}")
     bundle = yaml.safe_load((ROOT / "databricks.yml").read_text())
-    assert bundle["variables"]["spark_version"]["default"] == "15.4.x-gpu-ml-scala2.12"
-    assert {k: v.get("mode") for k, v in bundle["targets"].items()} == {
+    variables = bundle["variables"]
+    # Default: a runtime after 15.4 LTS ML (no Horovod preinstalled) with the init script.
+    assert variables["spark_version"]["default"].startswith("17.3.x-gpu-ml")
+    (script,) = variables["init_scripts"]["default"]
+    destination = script["workspace"]["destination"]
+    assert destination.startswith("${workspace.file_path}/")
+    assert (ROOT / destination.removeprefix("${workspace.file_path}/")).is_file()
+    assert variables["storage_root"]["default"].startswith("/Volumes/")
+    targets = bundle["targets"]
+    assert {k: v.get("mode") for k, v in targets.items()} == {
         "dev": "development",
+        "lts": "development",
         "prod": "production",
     }
-    assert bundle["targets"]["dev"]["default"] is True
+    assert targets["dev"]["default"] is True
+    # 15.4 LTS ML ships horovod: no init script there.
+    assert targets["lts"]["variables"]["spark_version"] == "15.4.x-gpu-ml-scala2.12"
+    assert targets["lts"]["variables"]["init_scripts"] == []
+    for target in targets.values():
+        assert target["variables"].get("storage_root", "/Volumes/").startswith("/Volumes/")
 
 
 @pytest.mark.timeout(600)

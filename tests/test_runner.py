@@ -194,7 +194,7 @@ def test_unpicklable_function_is_named_before_launch(spark):
         HorovodRunner(np=2).run(train)
 
 
-@pytest.mark.parametrize("bad", [0, 1.5, "2", True, None])
+@pytest.mark.parametrize("bad", [1.5, "2", True, None])
 def test_bad_np_is_refused(bad):
     with pytest.raises(ValueError, match="np"):
         HorovodRunner(np=bad)
@@ -264,3 +264,9 @@ def test_interrupting_run_stops_every_rank():
     while rank_processes() and time.monotonic() < deadline:
         time.sleep(0.1)
     assert rank_processes() == []
+
+
+def test_np_zero_uses_every_task_slot_like_sparkdl(spark, capsys):
+    envs = HorovodRunner(np=0).run(env_report)
+    assert sorted(e["HOROVOD_RANK"] for e in envs) == ["0", "1"]  # local[2]: two slots
+    assert "np=0: using all 2 task slots" in capsys.readouterr().err

@@ -14,11 +14,11 @@
 # patch when needed, and fails the cluster start loudly if horovod then lacks TensorFlow or
 # gloo support. On 15.4 LTS ML (horovod preinstalled) it only checks and exits.
 set -euo pipefail
-SRC="${HVDRUNNER_SRC:?set HVDRUNNER_SRC to the bundle's workspace file path (/Workspace/...)}"
+SRC="${HVDRUNNER_SRC:?set HVDRUNNER_SRC to the workspace file path of the deployed bundle, /Workspace/...}"
 export PYTHON="${HVDRUNNER_PYTHON:-/databricks/python/bin/python}"
 export HVDRUNNER_WHEEL_CACHE="${HVDRUNNER_WHEEL_CACHE:?set HVDRUNNER_WHEEL_CACHE to a /Volumes/... path}"
 export HVDRUNNER_HOROVOD_GPU="${HVDRUNNER_HOROVOD_GPU:-auto}"
-[ -f "$SRC/scripts/install_horovod.sh" ] || { echo "ERROR: $SRC/scripts/install_horovod.sh not found (is HVDRUNNER_SRC the bundle's file path?)" >&2; exit 1; }
+[ -f "$SRC/scripts/install_horovod.sh" ] || { echo "ERROR: $SRC/scripts/install_horovod.sh not found (is HVDRUNNER_SRC the file path of the deployed bundle?)" >&2; exit 1; }
 if ! command -v cmake >/dev/null 2>&1 || [ "$(cmake --version | sed -n 's/^cmake version \([0-9]*\).*/\1/p')" -ge 4 ]; then
   # horovod 0.28.1's CMake files need cmake 3.x; the PyPI package brings one.
   "$PYTHON" -m pip install -q 'cmake>=3.18,<4'

@@ -82,9 +82,9 @@ class HorovodRunner:
             default) shows only what ranks send with :func:`hvdrunner.log_to_driver`.
         start_timeout: seconds to wait for all ranks to start (free task slots) before
             failing.
-        stall_timeout: seconds a collective (allreduce, broadcast) may wait for a rank that
-            does not join before the job fails naming that rank (Horovod's stall
-            inspector: ``HOROVOD_STALL_SHUTDOWN_TIME_SECONDS``). Default 600.
+        stall_timeout: seconds a rank may wait inside one TensorFlow/Horovod call (a
+            collective: allreduce, broadcast) while another rank does not join it; then the
+            job fails naming the rank(s) that did not join and where they were. Default 600.
         exit_grace: seconds the other ranks get to exit after rank 0 returned; then they
             are stopped with a warning and rank 0's value is returned. Default 60.
         timeout: optional bound on the whole job, in seconds (default ``None``: none).
@@ -124,15 +124,6 @@ class HorovodRunner:
         self.stall_timeout = _seconds("stall_timeout", stall_timeout)
         self.exit_grace = _seconds("exit_grace", exit_grace)
         self.timeout = _seconds("timeout", timeout, allow_none=True)
-
-    def _stall_env(self) -> dict[str, str]:
-        stall = max(1, round(self.stall_timeout or 600))
-        # Horovod warns after the check time and shuts down after the shutdown time; the
-        # check must not exceed the shutdown time or Horovod ignores the shutdown.
-        return {
-            "HOROVOD_STALL_CHECK_TIME_SECONDS": str(min(60, stall)),
-            "HOROVOD_STALL_SHUTDOWN_TIME_SECONDS": str(stall),
-        }
 
     def run(self, main: Callable[..., Any], **kwargs: Any) -> Any:
         """Run ``main(**kwargs)`` on every rank; return rank 0's return value.
@@ -185,7 +176,7 @@ class HorovodRunner:
         key = secret.make_secret_key()
         service = DriverService(
             np, key, rendezvous_addr=addr, bind=bind,
-            extra_env={**self._stall_env(), **track_env}, secrets=secrets,
+            extra_env=track_env, secrets=secrets,
         )  # fmt: skip
         spec = TaskSpec(
             driver_addr=addr,
@@ -209,6 +200,7 @@ class HorovodRunner:
                 result = service.wait(
                     self.start_timeout or 600, launch.error,
                     exit_grace=self.exit_grace or 60, timeout=self.timeout,
+                    stall_timeout=self.stall_timeout or 600,
                 )  # fmt: skip
             ok = True
         except BaseException as err:

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import contextlib
 import queue
-import re
 import socket
 import sys
 import threading
@@ -161,6 +160,7 @@ class DriverService:
         on_line: Callable[[str], None] | None = None,
         exit_grace: float = 60.0,
         timeout: float | None = None,
+        stall_timeout: float = 600.0,
     ) -> Any:
         """Consume events until success (returns rank 0's value) or failure (raises).
 
@@ -171,6 +171,8 @@ class DriverService:
             exit_grace: seconds the other ranks get to exit after rank 0 returned; then
                 they are stopped with a warning and rank 0's value is returned.
             timeout: the whole job's bound in seconds (``None``: none).
+            stall_timeout: seconds a rank may wait inside a TensorFlow/Horovod call (a
+                collective) while another rank does not; then the job fails naming it.
         """
         show = on_line or (lambda text: print(text, file=sys.stdout, flush=True))
 
@@ -186,6 +188,7 @@ class DriverService:
         failure: HorovodRunnerError | None = None
         rank0_done: float | None = None
         failed_report: dict[str, Any] | None = None
+        stuck: dict[int, dict[str, Any]] = {}  # rank -> its watchdog report (+ driver time)
         while len(exits) < self.np and failure is None:
             now = time.monotonic()
             if rank0_done is not None and now - rank0_done > exit_grace:
@@ -198,6 +201,10 @@ class DriverService:
                 )
                 self.abort()
                 self._drain_exits(exits, emit)
+                break
+            stall = _stall_failure(stuck, self.np, stall_timeout, now)
+            if stall is not None:
+                failure = stall
                 break
             if timeout is not None and now - started > timeout:
                 failure = HorovodRunnerError(
@@ -235,6 +242,12 @@ class DriverService:
                     assigned = True
             elif kind == "result":
                 result = payload[1]
+            elif kind == "state":
+                rank, state = payload
+                if state is None:
+                    stuck.pop(rank, None)
+                else:
+                    stuck[rank] = {**state, "since": time.monotonic() - state["stuck_for"]}
             elif kind == "exit":
                 conn.exited = True
                 exits[payload["rank"]] = payload
@@ -299,23 +312,38 @@ def _show_output(kind: str, payload: Any, emit: Callable[[str], None]) -> bool:
     return True
 
 
-_MISSING = re.compile(r"^(?:<\w+>: )?.*?(\d+)(!?): \[(.*)\]\s*$")
+def _stall_failure(
+    stuck: dict[int, dict[str, Any]], np: int, stall_timeout: float, now: float
+) -> HorovodRunnerError | None:
+    """A failure when some rank waited in a TF/Horovod call past ``stall_timeout``."""
+    waiting = sorted(r for r, s in stuck.items() if s["in_tf"] and now - s["since"] > stall_timeout)
+    if not waiting:
+        return None
+    others = [r for r in range(np) if r not in waiting]
 
+    def where(r: int) -> str:
+        s = stuck.get(r)
+        return f"stuck {now - s['since']:.0f}s at {s['where']}" if s else "busy elsewhere"
 
-def stalled_ranks(lines: list[str]) -> dict[int, str]:
-    """Ranks Horovod's stall inspector marked for shutdown (``N!: [tensors]``) in ``lines``."""
-    out: dict[int, str] = {}
-    in_block = False
-    for line in lines:
-        if "Missing ranks:" in line:
-            in_block = True
-            continue
-        m = _MISSING.match(line) if in_block else None
-        if m and m.group(2) == "!":
-            out[int(m.group(1))] = m.group(3)
-        elif not m:
-            in_block = False
-    return out
+    advice = (
+        "Every rank must make the same collective calls in the same order (same steps per "
+        "epoch, same callbacks); raise HorovodRunner(stall_timeout=...) if one step "
+        "legitimately takes longer."
+    )
+    if others:
+        return HorovodRunnerError(
+            f"Rank(s) {others} did not join the collective that rank(s) {waiting} waited in "
+            f"for more than stall_timeout={stall_timeout:g}s "
+            f"({'; '.join(f'rank {r}: {where(r)}' for r in others)}; rank {waiting[0]} waited "
+            f"at {stuck[waiting[0]]['where']}). {advice}",
+            rank=others[0],
+        )
+    return HorovodRunnerError(
+        f"All ranks waited inside TensorFlow/Horovod calls for more than "
+        f"stall_timeout={stall_timeout:g}s ({'; '.join(f'rank {r}: {where(r)}' for r in waiting)}): "
+        f"mismatched collectives (different names or order), or a step longer than the "
+        f"bound. {advice}"
+    )
 
 
 def _rank_failure(
@@ -323,20 +351,11 @@ def _rank_failure(
 ) -> HorovodRunnerError:
     rank = report["rank"]
     tail = [_clip(scrub(line)) for line in report["tail"]]
-    stalled = stalled_ranks(tail)
     # A rank that returned early (exit 0) while the others still called collectives is the
     # cause of their failure, not the rank that reported it.
     early = sorted(r for r, e in exits.items() if e["code"] == 0 and r != rank)
     cause = ""
-    if stalled:
-        cause = (
-            f"Rank(s) {sorted(stalled)} did not join a collective "
-            f"({'; '.join(f'{r}: {t}' for r, t in sorted(stalled.items()))}) within "
-            f"stall_timeout, so Horovod stopped the job. Every rank must make the same "
-            f"collective calls in the same order (same steps per epoch, same callbacks); "
-            f"raise HorovodRunner(stall_timeout=...) if a rank legitimately needs longer. "
-        )
-    elif early:
+    if early:
         cause = (
             f"Rank(s) {early} had already returned (exit code 0) while the others were "
             f"still running collectives: every rank must run the same steps. "

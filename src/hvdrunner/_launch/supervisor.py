@@ -89,8 +89,8 @@ class RankSupervisor:
                 kind, payload = protocol.read_frame(stream.read)
                 if kind == "error":
                     self._error = payload
-                elif kind == "log":
-                    self._channel.send("log", payload)
+                elif kind in ("log", "state"):
+                    self._channel.send(kind, payload if kind == "log" else (self._rank, payload))
                 elif kind == "result":
                     self._channel.send("result", (self._rank, payload))
         except (protocol.ProtocolError, OSError, EOFError):
@@ -195,7 +195,9 @@ class RankSupervisor:
                 os.killpg(proc.pid, signal.SIGKILL)
             self._kill_descendants()
             for t in pumps:
-                t.join(timeout=10)
+                # Short: a descendant that escaped every kill may hold a pipe open; the
+                # pumps are daemon threads and must not delay the job's end.
+                t.join(timeout=3)
         with self._tail_lock:
             tail = list(self._tail)
         report: dict[str, Any] = {

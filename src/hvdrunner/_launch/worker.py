@@ -49,6 +49,22 @@ def _shutdown_horovod() -> None:
             module.shutdown()
 
 
+def _kill_descendants() -> None:
+    """Processes this rank started (even in their own session) must not outlive the job:
+    they would hold its output pipes open and keep running after it."""
+    try:
+        import psutil
+
+        children = psutil.Process().children(recursive=True)
+    except Exception:  # noqa: BLE001 - best effort; the supervisor also kills the group
+        return
+    for child in children:
+        try:
+            child.kill()
+        except Exception:  # noqa: BLE001,S112 - already gone
+            continue
+
+
 def main(payload_path: str) -> int:
     _die_with_parent()
     control = _control()
@@ -56,6 +72,9 @@ def main(payload_path: str) -> int:
     from hvdrunner import _logging
 
     _logging.install_channel(control)
+    from hvdrunner._launch import watchdog
+
+    watchdog.start(control.send)
     rank = int(os.environ.get("HOROVOD_RANK", "0"))
     try:
         # Before user code: Horovod's Keras layer fails fast under Keras 3 (it would train
@@ -94,6 +113,7 @@ def main(payload_path: str) -> int:
 
 if __name__ == "__main__":
     code = main(sys.argv[1])
+    _kill_descendants()
     sys.stdout.flush()
     sys.stderr.flush()
     # os._exit skips interpreter teardown, where TF 2.15 prints spurious AtomicFunction errors

@@ -1,0 +1,92 @@
+"""Rank-side stall watchdog: where the rank's main thread has been stuck, and for how long.
+
+Horovod's own stall inspector did not fire over gloo here (no warning after 80 s with
+``HOROVOD_STALL_CHECK_TIME_SECONDS=60``), so hvdrunner watches for itself. Once a second a
+daemon thread looks at the main thread's innermost Python frame. When it has not moved for
+:data:`REPORT_AFTER_S`, the rank reports a ``state`` frame to its
+supervisor (``{"stuck_for", "in_tf", "where"}``), and ``None`` when it moves on. A rank blocked inside a TensorFlow/Horovod call
+(``in_tf``) is waiting in a collective or running one very long step; the driver decides
+with ``stall_timeout`` and names the ranks that were *not* waiting with it.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+_OWN = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # src/hvdrunner
+#: A frame unchanged this long is reported (small: the driver applies stall_timeout).
+REPORT_AFTER_S = 5.0
+_TF_PATHS = (f"{os.sep}tensorflow{os.sep}", f"{os.sep}horovod{os.sep}", f"{os.sep}keras{os.sep}",
+             f"{os.sep}tf_keras{os.sep}")  # fmt: skip
+
+
+def describe(frame: Any) -> str:
+    """``file:line in function`` of a frame, for the error message."""
+    return f"{frame.f_code.co_filename}:{frame.f_lineno} in {frame.f_code.co_name}"
+
+
+def _stack(frame: Any, limit: int = 60) -> list[Any]:
+    out = []
+    while frame is not None and len(out) < limit:
+        out.append(frame)
+        frame = frame.f_back
+    return out
+
+
+def _is_library(frame: Any) -> bool:
+    return any(p in frame.f_code.co_filename for p in _TF_PATHS)
+
+
+def in_tensorflow(frame: Any) -> bool:
+    """The main thread waits inside TensorFlow, Keras or Horovod (a C call: an op, a step).
+
+    The innermost frame may be generated code (``<string>``: TF's op wrappers); the
+    innermost frame that has a real file decides.
+    """
+    real = next((f for f in _stack(frame) if not f.f_code.co_filename.startswith("<")), None)
+    return real is not None and _is_library(real)
+
+
+def where(frame: Any) -> str:
+    """The innermost frame of the user's own code (else the innermost frame), described."""
+    for f in _stack(frame):
+        name = f.f_code.co_filename
+        if not _is_library(f) and not name.startswith(("<string>", _OWN)):
+            return describe(f)
+    return describe(frame)
+
+
+def start(send: Callable[[str, Any], None], period_s: float = 1.0) -> threading.Thread:
+    """Start watching the calling (main) thread; reports through ``send(kind, payload)``."""
+    main_id = threading.get_ident()
+
+    def watch() -> None:
+        last: tuple[int, int] | None = None
+        since = time.time()
+        reported = False
+        while True:
+            time.sleep(period_s)
+            frame = sys._current_frames().get(main_id)
+            if frame is None:
+                return
+            key = (id(frame), frame.f_lasti)
+            now = time.time()
+            if key != last:
+                if reported:
+                    send("state", None)  # moving again
+                last, since, reported = key, now, False
+            elif not reported and now - since >= REPORT_AFTER_S:
+                # How long, not since when: the driver's clock may differ from this host's.
+                send("state", {"stuck_for": now - since, "in_tf": in_tensorflow(frame),
+                               "where": where(frame)})  # fmt: skip
+                reported = True
+            del frame
+
+    thread = threading.Thread(target=watch, name="hvdrunner-watchdog", daemon=True)
+    thread.start()
+    return thread

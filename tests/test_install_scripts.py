@@ -1,0 +1,79 @@
+"""The horovod builder and the Databricks init script, run for real against this stack's venv
+(the cached wheel makes them fast); a Databricks cluster itself cannot exist here."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from hvdrunner.keras import compat
+
+ROOT = Path(__file__).resolve().parents[1]
+BUILDER = ROOT / "scripts" / "install_horovod.sh"
+INIT = ROOT / "scripts" / "databricks" / "install_horovod.sh"
+
+
+def _run(script: Path, env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        ["bash", str(script), *args], capture_output=True, text=True, timeout=300,
+        env={**os.environ, **env},
+    )  # fmt: skip
+
+
+def test_cache_key_names_everything_the_binary_depends_on(tmp_path):
+    import importlib.metadata as md
+
+    proc = _run(BUILDER, {"PYTHON": sys.executable, "HVDRUNNER_WHEEL_CACHE": str(tmp_path)},
+                "--print-key")  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    key = proc.stdout.strip()
+    tf = md.version("tensorflow")
+    py = f"py{sys.version_info[0]}{sys.version_info[1]}"
+    assert key.startswith(f"horovod-0.28.1-tf{tf}-{py}-cpu-gloo-nompi")
+    # the TF >= 2.16 patch is part of the key (a patched build is a different binary)
+    assert ("-noxla-" in key) == (compat.generation() == 3 or tf >= "2.16")
+
+
+def test_builder_with_horovod_in_place_only_checks(tmp_path):
+    proc = _run(BUILDER, {"PYTHON": sys.executable, "HVDRUNNER_WHEEL_CACHE": str(tmp_path)})
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "already installed with TensorFlow and gloo" in proc.stdout
+
+
+def test_builder_fails_loudly_without_tensorflow(tmp_path):
+    venv = tmp_path / "bare"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True)
+    proc = _run(BUILDER, {"PYTHON": str(venv / "bin" / "python"),
+                          "HVDRUNNER_WHEEL_CACHE": str(tmp_path / "c")})  # fmt: skip
+    assert proc.returncode != 0
+    assert "TensorFlow is not installed" in proc.stderr
+
+
+def test_patch_applies_to_the_horovod_sdist_cmake_line():
+    patch = (ROOT / "patches" / "horovod-0.28.1-no-xla-mpi-ops.patch").read_text()
+    assert (
+        '-list(APPEND TF_SOURCES "${PROJECT_SOURCE_DIR}/horovod/tensorflow/xla_mpi_ops.cc")'
+        in patch
+    )
+    assert "+++ b/horovod/tensorflow/CMakeLists.txt" in patch
+
+
+def test_databricks_init_script_needs_its_settings_and_delegates(tmp_path):
+    missing = _run(INIT, {"HVDRUNNER_SRC": "", "HVDRUNNER_WHEEL_CACHE": str(tmp_path)})
+    assert missing.returncode != 0 and "HVDRUNNER_SRC" in missing.stderr
+    # On a cluster whose Python already has horovod (15.4 LTS ML) it checks and exits 0.
+    proc = _run(INIT, {"HVDRUNNER_SRC": str(ROOT), "HVDRUNNER_PYTHON": sys.executable,
+                       "HVDRUNNER_WHEEL_CACHE": str(tmp_path), "HVDRUNNER_HOROVOD_GPU": "none"})  # fmt: skip
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "already installed" in proc.stdout
+
+
+@pytest.mark.parametrize("mode", ["bogus"])
+def test_builder_refuses_an_unknown_gpu_mode(tmp_path, mode):
+    proc = _run(BUILDER, {"PYTHON": sys.executable, "HVDRUNNER_WHEEL_CACHE": str(tmp_path),
+                          "HVDRUNNER_HOROVOD_GPU": mode}, "--print-key")  # fmt: skip
+    assert proc.returncode != 0 and "must be none, nccl or auto" in proc.stderr
