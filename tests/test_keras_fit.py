@@ -266,3 +266,33 @@ def test_unusable_checkpoint_dir_fails_before_launch(digits, tmp_path):
     # /proc refuses new directories even to root: a real unwritable location.
     with pytest.raises(ValueError, match="is not writable"):
         HorovodRunner(np=-2).run(fit, checkpoint_dir="/proc/hvdrunner-test/ckpt", **base)
+
+
+def early_stopping(**kwargs):
+    import tensorflow as tf
+
+    # min_delta far above any real improvement: every rank must stop after epoch 2, together.
+    stop = tf.keras.callbacks.EarlyStopping(monitor="val_loss", patience=0, min_delta=10.0)
+    return fit(callbacks=[stop], **kwargs)
+
+
+@pytest.mark.timeout(300)
+def test_validation_metrics_and_early_stopping_agree_on_every_rank(spark, digits, store, tmp_path):
+    data, x_test, y_test = digits
+    pdf = pd.DataFrame({"pixels": x_test.tolist(), "label": y_test.astype("int32")})
+    val = prepare(spark.createDataFrame(pdf), features="pixels", label="label",
+                  cache_dir=str(tmp_path / "val"))  # fmt: skip
+    with mlflow.start_run() as run:
+        result = HorovodRunner(np=2).run(
+            early_stopping, build_model=build_mlp, data=data, validation=val, epochs=8,
+            batch_size=32, loss="sparse_categorical_crossentropy", metrics=["accuracy"],
+            log_model=False,
+        )  # fmt: skip
+    # Stopped after 2 of 8 epochs on both ranks (a rank stopping alone would hang the job).
+    assert len(result.history["loss"]) == 2
+    assert len(result.history["val_loss"]) == 2 and "val_accuracy" in result.history
+    logged = mlflow.MlflowClient().get_metric_history(run.info.run_id, "val_loss")
+    np.testing.assert_allclose(
+        [m.value for m in sorted(logged, key=lambda m: m.step)], result.history["val_loss"],
+        rtol=1e-6,
+    )  # fmt: skip

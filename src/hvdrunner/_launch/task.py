@@ -58,12 +58,25 @@ def interface_for(address: str) -> str:
     )
 
 
+def local_ip_towards(host: str, port: int) -> str:
+    """This machine's address on the route to ``host`` (no packet is sent: UDP connect)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        s.connect((host, port))
+        return str(s.getsockname()[0])
+
+
 def _rank_env(
     spec: TaskSpec, assigned: dict[str, str], address: str, task_gpus: Sequence[str]
 ) -> dict[str, str]:
     env = dict(os.environ)
     env.update(assigned)
-    iface = interface_for(address)
+    # The interface that reaches the driver is the one the ranks reach each other on. Spark's
+    # task address is only a fallback: it can be the connection's source (127.0.0.1) for
+    # executors of a standalone cluster.
+    try:
+        iface = interface_for(local_ip_towards(spec.driver_addr, spec.driver_port))
+    except (OSError, RuntimeError):
+        iface = interface_for(address)
     env["HOROVOD_GLOO_IFACE"] = iface
     env["NCCL_SOCKET_IFNAME"] = iface
     gpus = cuda_visible_devices(
