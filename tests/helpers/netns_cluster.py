@@ -20,6 +20,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from pathlib import Path
 
 PREFIX = f"hvt{os.getpid() % 10000}"
 BRIDGE = f"{PREFIX}br"
@@ -146,7 +147,7 @@ def main() -> int:
     out = os.path.join(work, "ranks")
     os.makedirs(out)
     HorovodRunner(np=4, start_timeout=120).run(report, out_dir=out)
-    ranks = [json.load(open(os.path.join(out, n))) for n in sorted(os.listdir(out))]
+    ranks = [json.loads(Path(out, n).read_text()) for n in sorted(os.listdir(out))]
     print("RESULT " + json.dumps({"ranks": ranks, "prefix": PREFIX}), flush=True)
     spark.stop()
     shutil.rmtree(work, ignore_errors=True)

@@ -31,7 +31,7 @@ def describe(frame: Any) -> str:
 
 
 def _stack(frame: Any, limit: int = 60) -> list[Any]:
-    out = []
+    out: list[Any] = []
     while frame is not None and len(out) < limit:
         out.append(frame)
         frame = frame.f_back
