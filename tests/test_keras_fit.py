@@ -296,3 +296,30 @@ def test_validation_metrics_and_early_stopping_agree_on_every_rank(spark, digits
         [m.value for m in sorted(logged, key=lambda m: m.step)], result.history["val_loss"],
         rtol=1e-6,
     )  # fmt: skip
+
+
+@pytest.mark.timeout(420)
+def test_fit_accepts_a_petastorm_converter_with_equal_steps(spark, tmp_path):
+    pytest.importorskip("petastorm", reason="petastorm is not part of this stack (pyarrow >= 15)")
+    from petastorm.spark import SparkDatasetConverter, make_spark_converter
+    from sklearn.datasets import load_digits
+
+    x, y = load_digits(return_X_y=True)
+    pdf = pd.DataFrame(
+        {"pixels": (x / 16.0).astype("float32").tolist(), "label": y.astype("int32")}
+    )
+    # 7 partitions of unequal size: petastorm's row-group shards are unequal across 2 ranks.
+    df = spark.createDataFrame(pdf).repartition(7)
+    spark.conf.set(SparkDatasetConverter.PARENT_CACHE_DIR_URL_CONF, f"file://{tmp_path}/pt")
+    converter = make_spark_converter(df)
+    try:
+        result = HorovodRunner(np=2).run(
+            fit, build_model=build_mlp, data=converter, features="pixels", label="label",
+            epochs=3, batch_size=32, loss="sparse_categorical_crossentropy",
+            metrics=["accuracy"], log_model=False,
+        )  # fmt: skip
+    finally:
+        converter.delete()
+    assert result.steps_per_epoch == -(-len(pdf) // (32 * 2))  # common to both ranks
+    assert len(result.history["loss"]) == 3
+    assert result.history["accuracy"][-1] > result.history["accuracy"][0]

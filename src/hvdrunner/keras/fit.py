@@ -11,6 +11,7 @@ from hvdrunner.distributed import is_rank0
 from hvdrunner.keras import callbacks as hk_callbacks
 from hvdrunner.keras import compat
 from hvdrunner.keras.checkpoint import CheckpointStore, check_dir
+from hvdrunner.keras.inputs import is_petastorm_converter, training_input
 from hvdrunner.keras.optimizer import distribute
 
 _OPTIMIZERS = ("adam", "sgd", "rmsprop", "adagrad")
@@ -118,6 +119,8 @@ def fit(
     callbacks: Sequence[Any] = (),
     compression: str = "none",
     validation: Any = None,
+    features: str | None = None,
+    label: str | None = None,
 ) -> FitResult | None:
     """Train ``build_model()`` data-parallel on this job's ranks; run it with HorovodRunner.
 
@@ -141,6 +144,11 @@ def fit(
     rank (a rank that stopped alone would hang the others).
 
     ``compression="fp16"`` sends gradients as float16 (half the bytes per allreduce).
+
+    ``data`` may also be a Petastorm ``SparkDatasetConverter`` (``make_spark_converter(df)``;
+    stacks with petastorm only): pass ``features=`` and ``label=`` column names. Every rank
+    reads an endless stream of its (unequal) row-group shard for a common
+    ``ceil(rows / (batch_size * ranks))`` steps per epoch, so no rank runs out first.
 
     Arguments are validated on the driver by ``HorovodRunner.run`` before any rank starts
     (including that ``checkpoint_dir`` is a writable directory).
@@ -192,7 +200,10 @@ def fit(
     )
     hk_callbacks.broadcast_model(model, root_rank=0)
 
-    steps = data.steps_per_epoch(cfg.batch_size)
+    steps, rows, train_input = training_input(
+        data, cfg.batch_size, shuffle=cfg.shuffle, seed=cfg.seed, first_epoch=initial_epoch,
+        features=features, label=label,
+    )  # fmt: skip
     cbs: list[Any] = [hk_callbacks.MetricAverageCallback()]
     if cfg.warmup_epochs and initial_epoch < cfg.warmup_epochs:
         cbs.append(hk_callbacks.LearningRateWarmupCallback(
@@ -208,7 +219,7 @@ def fit(
         {"epochs": cfg.epochs, "batch_size_per_rank": cfg.batch_size, "num_ranks": hvd.size(),
          "learning_rate": cfg.learning_rate, "scaled_learning_rate": scaled_lr,
          "warmup_epochs": cfg.warmup_epochs, "optimizer": getattr(cfg.optimizer, "__name__", cfg.optimizer),
-         "steps_per_epoch": steps, "rows": data.num_rows, "compression": cfg.compression,
+         "steps_per_epoch": steps, "rows": rows, "compression": cfg.compression,
          "keras": f"{compat.mode()} {compat.keras_version()}"}
     )  # fmt: skip
     # Changes on every resume of the same run: a tag, not a param (params are immutable).
@@ -216,8 +227,7 @@ def fit(
     val_batch = min(cfg.batch_size, validation.rows_per_rank()) if validation else None
     val_steps = validation.steps_per_epoch(val_batch) if validation else None
     with contextlib.ExitStack() as stack:
-        ds = stack.enter_context(data.tf_dataset(
-            cfg.batch_size, shuffle=cfg.shuffle, seed=cfg.seed, first_epoch=initial_epoch))  # fmt: skip
+        ds = stack.enter_context(train_input)
         val_ds = (
             stack.enter_context(validation.tf_dataset(val_batch, shuffle=False))
             if validation is not None
@@ -259,7 +269,9 @@ def _preflight(**kwargs: Any) -> None:
     if missing:
         raise TypeError(f"fit() missing required argument(s): {', '.join(missing)}")
     unknown = sorted(
-        set(kwargs) - set(FitConfig.__dataclass_fields__) - {"build_model", "data", "validation"}
+        set(kwargs)
+        - set(FitConfig.__dataclass_fields__)
+        - {"build_model", "data", "validation", "features", "label"}
     )
     if unknown:
         raise TypeError(
@@ -271,10 +283,17 @@ def _preflight(**kwargs: Any) -> None:
         check_dir(cfg.checkpoint_dir)
     for name in ("data", "validation"):
         value = kwargs.get(name)
+        if name == "data" and is_petastorm_converter(value):
+            if not kwargs.get("features"):
+                raise ValueError(
+                    "data is a Petastorm converter: pass features='<column>' (and "
+                    "label='<column>') so fit knows which columns to feed"
+                )
+            continue
         if (name == "data" or value is not None) and not hasattr(value, "steps_per_epoch"):
             raise TypeError(
-                f"{name} must be prepared input (hvdrunner.data.prepare(df, ...)), got "
-                f"{type(value).__name__}"
+                f"{name} must be prepared input (hvdrunner.data.prepare(df, ...)) or, for "
+                f"data, a Petastorm converter; got {type(value).__name__}"
             )
 
 
