@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 import json
 import math
 import os
@@ -14,14 +13,12 @@ from collections.abc import Sequence
 from typing import Any
 
 from hvdrunner import _paths
+from hvdrunner.data.cache import cache_key, file_rows, input_identity, load, verified
 from hvdrunner.data.handle import _FORMAT, _META, DEFAULT_CACHE_DIR, PreparedData
 from hvdrunner.data.reader import Column
 
 _TARGET_FILE_BYTES = 16 * 1024 * 1024
 _DTYPES = {"float32": "float", "float64": "double"}
-# Leaf relations whose data is part of the plan itself (or of the query's own RDD): the
-# plan hash covers them. Any other leaf without input files may change unseen.
-_SELF_CONTAINED_LEAVES = ("LocalRelation", "Range", "OneRowRelation", "LogicalRDD")
 _UNSUPPORTED_HINT = {
     "StringType": "encode it as a number first (e.g. pyspark.ml.feature.StringIndexer)",
     "MapType": "select the needed keys into numeric columns",
@@ -68,49 +65,6 @@ def _column_kind(name: str, dtype: Any) -> tuple[str, int]:
     )
 
 
-def input_identity(df: Any) -> list[tuple[str, int, int]] | None:
-    """``(path, size, mtime)`` of every input file, or ``None`` when the input can change
-    without any file changing (JDBC and other non-file sources).
-
-    Example:
-        >>> input_identity(spark.read.parquet("/data/x"))  # doctest: +SKIP
-        [('file:/data/x/part-0.parquet', 1234, 1700000000000)]
-    """
-    jvm = df.sparkSession.sparkContext._jvm
-    conf = df.sparkSession.sparkContext._jsc.hadoopConfiguration()
-    files = sorted(df.inputFiles())
-    out = []
-    for f in files:
-        path = jvm.org.apache.hadoop.fs.Path(f)
-        status = path.getFileSystem(conf).getFileStatus(path)
-        out.append((f, int(status.getLen()), int(status.getModificationTime())))
-    if out:
-        return out
-    leaves = df._jdf.queryExecution().analyzed().collectLeaves()
-    names = [leaves.apply(i).getClass().getSimpleName() for i in range(leaves.size())]
-    if all(n.startswith(_SELF_CONTAINED_LEAVES) for n in names):
-        return []
-    return None
-
-
-def _cache_key(
-    df: Any, columns: Sequence[str], dtype: str, shapes: dict[str, Any], inputs: Any
-) -> str:
-    plan = df._jdf.queryExecution().analyzed().semanticHash()
-    raw = json.dumps(
-        [
-            _FORMAT,
-            int(plan),
-            df.schema.json(),
-            list(columns),
-            dtype,
-            sorted((k, list(v)) for k, v in shapes.items()),
-            inputs,
-        ]
-    )
-    return hashlib.sha256(raw.encode()).hexdigest()[:20]
-
-
 def _check_location(cache_dir: str, master: str, shared: bool = False) -> _paths.Location:
     loc = _paths.resolve(cache_dir)
     if not master.startswith("local") and not loc.shared and not shared:
@@ -133,48 +87,6 @@ def _check_location(cache_dir: str, master: str, shared: bool = False) -> _paths
             f"directory you can write to."
         ) from exc
     return loc
-
-
-def _verified(meta_dir: str) -> PreparedData | None:
-    """The cached handle if the cache is whole; ``None`` (with a warning) if it is broken.
-
-    Checks the metadata parses and every file's Parquet footer holds the rows recorded.
-    """
-    import pyarrow.parquet as pq
-
-    try:
-        prepared = _load(meta_dir)
-        if prepared is None:
-            return None
-        for name, rows in prepared.files:
-            found = pq.ParquetFile(os.path.join(meta_dir, name)).metadata.num_rows
-            if found != rows:
-                raise ValueError(f"{name} holds {found} rows, {rows} were written")
-    except Exception as exc:  # noqa: BLE001 - any damage means: rebuild
-        _say(f"WARNING: the prepared data at {meta_dir} is damaged ({type(exc).__name__}: "
-             f"{exc}); deleting and writing it again")  # fmt: skip
-        shutil.rmtree(meta_dir, ignore_errors=True)
-        return None
-    return prepared
-
-
-def _load(meta_dir: str) -> PreparedData | None:
-    path = os.path.join(meta_dir, _META)
-    if not os.path.exists(path):
-        return None
-    with open(path) as f:
-        m = json.load(f)
-    return PreparedData(
-        spark_url=m["spark_url"],
-        local_path=meta_dir,
-        files=tuple((p, n) for p, n in m["files"]),
-        num_rows=m["num_rows"],
-        columns=tuple(Column(**{**c, "shape": tuple(c["shape"])}) for c in m["columns"]),
-        features=tuple(m["features"]),
-        label=m["label"],
-        single_feature=m["single_feature"],
-        shared=m.get("shared", False),
-    )
 
 
 def prepare(
@@ -270,14 +182,14 @@ def materialize(
     kinds = {name: _column_kind(name, fields[name]) for name in wanted}
     loc = _check_location(cache_dir, str(df.sparkSession.sparkContext.master), shared)
     inputs = input_identity(df)
-    key = _cache_key(df, wanted, dtype, dict(shapes), inputs)
+    key = cache_key(df, wanted, dtype, dict(shapes), inputs)
     if inputs is None:
         # The input could change without any file changing: never reuse silently.
         key += f"-{uuid.uuid4().hex[:8]}"
         _say("the DataFrame's input is not a set of files (e.g. JDBC): its changes cannot "
              "be detected, so it is written again (not reused)")  # fmt: skip
     final = loc.join(f"df-{key}")
-    existing = None if refresh else _verified(final.local_path)
+    existing = None if refresh else verified(final.local_path)
     if existing is not None:
         what = f"{len(inputs)} unchanged input file(s)" if inputs else "the same in-plan data"
         _say(f"reusing prepared data at {final.spark_url} ({existing.num_rows} rows; {what})")
@@ -383,7 +295,7 @@ def materialize(
     _say(f"writing {num_rows} rows to {final.spark_url}")
     try:
         selected.write.option("maxRecordsPerFile", per_file).parquet(tmp.spark_url)
-        files = _file_rows(tmp.local_path)
+        files = file_rows(tmp.local_path)
         meta = {
             "format": _FORMAT,
             "spark_url": final.spark_url,
@@ -400,25 +312,13 @@ def materialize(
         try:
             os.rename(tmp.local_path, final.local_path)  # the cache appears whole or not at all
         except OSError:
-            if _load(final.local_path) is None:  # not a concurrent prepare of the same data
+            if load(final.local_path) is None:  # not a concurrent prepare of the same data
                 raise
     finally:
         shutil.rmtree(tmp.local_path, ignore_errors=True)
-    prepared = _load(final.local_path)
+    prepared = load(final.local_path)
     assert prepared is not None
     return prepared  # a concurrent prepare may have won the rename: same key, same data
-
-
-def _file_rows(root: str) -> list[tuple[str, int]]:
-    import pyarrow.parquet as pq
-
-    out = []
-    for name in sorted(os.listdir(root)):
-        if name.endswith(".parquet"):
-            n = pq.ParquetFile(os.path.join(root, name)).metadata.num_rows
-            if n:
-                out.append((name, n))
-    return out
 
 
 def _is_floating(dtype: Any) -> bool:

@@ -1,0 +1,120 @@
+"""The prepared-data cache: its key (what the data *is*, input files included), and
+integrity checks when it is reused. Driver side; used by :mod:`hvdrunner.data.prepare`."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import sys
+from collections.abc import Sequence
+from typing import Any
+
+from hvdrunner.data.handle import _FORMAT, _META, PreparedData
+from hvdrunner.data.reader import Column
+
+# Leaf relations whose data is part of the plan itself (or of the query's own RDD): the
+# plan hash covers them. Any other leaf without input files may change unseen.
+_SELF_CONTAINED_LEAVES = ("LocalRelation", "Range", "OneRowRelation", "LogicalRDD")
+
+
+def _say(msg: str) -> None:
+    print(f"[hvdrunner.data] {msg}", file=sys.stderr, flush=True)
+
+
+def input_identity(df: Any) -> list[tuple[str, int, int]] | None:
+    """``(path, size, mtime)`` of every input file, or ``None`` when the input can change
+    without any file changing (JDBC and other non-file sources).
+
+    Example:
+        >>> input_identity(spark.read.parquet("/data/x"))  # doctest: +SKIP
+        [('file:/data/x/part-0.parquet', 1234, 1700000000000)]
+    """
+    jvm = df.sparkSession.sparkContext._jvm
+    conf = df.sparkSession.sparkContext._jsc.hadoopConfiguration()
+    files = sorted(df.inputFiles())
+    out = []
+    for f in files:
+        path = jvm.org.apache.hadoop.fs.Path(f)
+        status = path.getFileSystem(conf).getFileStatus(path)
+        out.append((f, int(status.getLen()), int(status.getModificationTime())))
+    if out:
+        return out
+    leaves = df._jdf.queryExecution().analyzed().collectLeaves()
+    names = [leaves.apply(i).getClass().getSimpleName() for i in range(leaves.size())]
+    if all(n.startswith(_SELF_CONTAINED_LEAVES) for n in names):
+        return []
+    return None
+
+
+def cache_key(
+    df: Any, columns: Sequence[str], dtype: str, shapes: dict[str, Any], inputs: Any
+) -> str:
+    plan = df._jdf.queryExecution().analyzed().semanticHash()
+    raw = json.dumps(
+        [
+            _FORMAT,
+            int(plan),
+            df.schema.json(),
+            list(columns),
+            dtype,
+            sorted((k, list(v)) for k, v in shapes.items()),
+            inputs,
+        ]
+    )
+    return hashlib.sha256(raw.encode()).hexdigest()[:20]
+
+
+def verified(meta_dir: str) -> PreparedData | None:
+    """The cached handle if the cache is whole; ``None`` (with a warning) if it is broken.
+
+    Checks the metadata parses and every file's Parquet footer holds the rows recorded.
+    """
+    import pyarrow.parquet as pq
+
+    try:
+        prepared = load(meta_dir)
+        if prepared is None:
+            return None
+        for name, rows in prepared.files:
+            found = pq.ParquetFile(os.path.join(meta_dir, name)).metadata.num_rows
+            if found != rows:
+                raise ValueError(f"{name} holds {found} rows, {rows} were written")
+    except Exception as exc:  # noqa: BLE001 - any damage means: rebuild
+        _say(f"WARNING: the prepared data at {meta_dir} is damaged ({type(exc).__name__}: "
+             f"{exc}); deleting and writing it again")  # fmt: skip
+        shutil.rmtree(meta_dir, ignore_errors=True)
+        return None
+    return prepared
+
+
+def load(meta_dir: str) -> PreparedData | None:
+    path = os.path.join(meta_dir, _META)
+    if not os.path.exists(path):
+        return None
+    with open(path) as f:
+        m = json.load(f)
+    return PreparedData(
+        spark_url=m["spark_url"],
+        local_path=meta_dir,
+        files=tuple((p, n) for p, n in m["files"]),
+        num_rows=m["num_rows"],
+        columns=tuple(Column(**{**c, "shape": tuple(c["shape"])}) for c in m["columns"]),
+        features=tuple(m["features"]),
+        label=m["label"],
+        single_feature=m["single_feature"],
+        shared=m.get("shared", False),
+    )
+
+
+def file_rows(root: str) -> list[tuple[str, int]]:
+    import pyarrow.parquet as pq
+
+    out = []
+    for name in sorted(os.listdir(root)):
+        if name.endswith(".parquet"):
+            n = pq.ParquetFile(os.path.join(root, name)).metadata.num_rows
+            if n:
+                out.append((name, n))
+    return out
