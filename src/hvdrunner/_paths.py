@@ -8,6 +8,7 @@ with Python file APIs, so every location must have a local path.
 from __future__ import annotations
 
 import os
+import uuid
 from dataclasses import dataclass
 from urllib.parse import urlparse
 
@@ -63,3 +64,16 @@ def resolve(path: str) -> Location:
     if path.startswith("/Volumes/"):
         return Location(path, path, True)
     return Location(f"file://{path}", path, False)
+
+
+def ensure_writable(local_path: str) -> None:
+    """Create ``local_path`` (a directory) and prove it writable with a probe file.
+
+    Raises:
+        OSError: it cannot be created or written (the caller words the fix).
+    """
+    os.makedirs(local_path, exist_ok=True)
+    probe = os.path.join(local_path, f".hvdrunner-probe-{uuid.uuid4().hex}")
+    with open(probe, "w") as f:
+        f.write("ok")
+    os.remove(probe)

@@ -76,11 +76,7 @@ def _check_location(cache_dir: str, master: str, shared: bool = False) -> _paths
             f"bucket) and pass shared=True (each rank then checks it can see the files)."
         )
     try:
-        os.makedirs(loc.local_path, exist_ok=True)
-        probe = os.path.join(loc.local_path, f".probe-{uuid.uuid4().hex}")
-        with open(probe, "w") as f:
-            f.write("ok")
-        os.remove(probe)
+        _paths.ensure_writable(loc.local_path)
     except OSError as exc:
         raise ValueError(
             f"cache_dir={cache_dir!r} is not writable ({exc.strerror or exc}). Pass a "

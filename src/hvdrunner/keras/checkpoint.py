@@ -61,12 +61,8 @@ def check_dir(checkpoint_dir: str) -> str:
             f"checkpoint_dir={checkpoint_dir!r} is a file, not a directory; pass a directory "
             f"path (it is created if missing)."
         )
-    probe = os.path.join(path, f".hvdrunner-probe-{uuid.uuid4().hex}")
     try:
-        os.makedirs(path, exist_ok=True)
-        with open(probe, "w") as f:
-            f.write("ok")
-        os.remove(probe)
+        _paths.ensure_writable(path)
     except OSError as exc:
         raise ValueError(
             f"checkpoint_dir={checkpoint_dir!r} is not writable ({exc.strerror or exc}); pass a "
