@@ -176,3 +176,12 @@ def test_weight_sync_check_fails_a_diverging_job():
         HorovodRunner(np=-2).run(drifting_recipe)
     assert info.value.exc_type == "RanksOutOfSyncError"
     assert "gradients were not averaged" in (info.value.remote_message or "")
+
+
+def test_a_non_tensorflow_keras_backend_is_refused(monkeypatch):
+    monkeypatch.setenv("KERAS_BACKEND", "jax")
+    if MODE == "keras3":
+        with pytest.raises(RuntimeError, match="KERAS_BACKEND='jax'.*TensorFlow backend"):
+            compat.check_backend()
+    else:
+        compat.check_backend()  # Keras 2 has one backend: nothing to refuse

@@ -164,14 +164,19 @@ def test_resume_after_sigkill_continues_at_epoch_3(digits, store, tmp_path):
     assert mlflow.get_run(failed.info.run_id).info.status == "FAILED"
     assert sorted(os.listdir(ckpt)) == ["epoch-00001", "epoch-00002"]
 
-    with mlflow.start_run() as run:
+    # The retry resumes into the *same* MLflow run, as a retried job task does.
+    with mlflow.start_run(run_id=failed.info.run_id) as run:
         result = HorovodRunner(np=2).run(fit, **kwargs)
     assert result.initial_epoch == 2
     assert len(result.history["loss"]) == 2  # epochs 3 and 4 only
     steps = sorted(
         m.step for m in mlflow.MlflowClient().get_metric_history(run.info.run_id, "loss")
     )
-    assert steps == [2, 3]
+    assert steps == [0, 1, 2, 3]  # metrics continue at their epochs
+    resumed = mlflow.get_run(run.info.run_id)
+    assert resumed.info.status == "FINISHED"
+    assert resumed.data.tags["hvdrunner.initial_epoch"] == "2"
+    assert resumed.data.params["epochs"] == "4"  # logged once, not refused as a change
     assert sorted(os.listdir(ckpt)) == ["epoch-00003", "epoch-00004"]  # keeps the last 2
 
 
