@@ -115,6 +115,7 @@ def test_jobs_load_with_databricks_bundles_and_match_the_notebooks():
         assert target["variables"].get("storage_root", "/Volumes/").startswith("/Volumes/")
 
 
+@pytest.mark.keras
 @pytest.mark.timeout(600)
 def test_the_three_notebooks_run_as_a_local_job(tmp_path):
     env = dict(os.environ, MLFLOW_TRACKING_URI=f"sqlite:///{tmp_path / 'mlflow.db'}")
