@@ -105,8 +105,8 @@ def tf_keras() -> ModuleType:
     return keras
 
 
-def is_keras3(keras: Any = None) -> bool:
-    """True when ``tf.keras`` is Keras 3 (``keras`` is accepted for call-site clarity)."""
+def is_keras3() -> bool:
+    """True when ``tf.keras`` is Keras 3."""
     return generation() == 3
 
 

@@ -104,8 +104,8 @@ def distribute(
     """
     if getattr(type(optimizer), _MARK, False):
         return optimizer
-    keras = compat.tf_keras()
-    keras3 = compat.is_keras3(keras)
+    compat.check_backend()
+    keras3 = compat.is_keras3()
     if not hasattr(optimizer, "apply" if keras3 else "apply_gradients"):
         raise TypeError(
             f"DistributedOptimizer needs a Keras optimizer instance (tf.keras.optimizers.*), "
