@@ -165,7 +165,7 @@ def set_learning_rate(optimizer: Any, value: float) -> None:
 
 # -- rank processes: the import guard -----------------------------------------------------
 class _HorovodKerasBlocker(importlib.abc.MetaPathFinder):
-    """Makes ``import horovod.tensorflow.keras`` (and friends) fail with the fix."""
+    """Makes importing Horovod's Keras layer (``horovod.tensorflow.keras`` and friends) fail."""
 
     def __init__(self, tf_version: str) -> None:
         self.tf_version = tf_version
