@@ -47,6 +47,7 @@ lint: $(STAMP)
 bench: $(STAMP)
 	$(PY) benchmarks/launch_overhead.py
 	$(PY) benchmarks/data_throughput.py
+	$(PY) benchmarks/scaling.py
 
 clean-env:
 	rm -rf $(VENV)
