@@ -32,14 +32,9 @@ def _local_pythonpath() -> tuple[str, ...]:
     return tuple(dict.fromkeys(out))
 
 
-def _seconds(name: str, value: Any, allow_none: bool = False) -> float | None:
-    if value is None and allow_none:
-        return None
+def _seconds(name: str, value: Any) -> float:
     if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0:
-        raise ValueError(
-            f"{name} must be a positive number of seconds{' or None' if allow_none else ''}, "
-            f"got {value!r}."
-        )
+        raise ValueError(f"{name} must be a positive number of seconds, got {value!r}.")
     return float(value)
 
 
@@ -123,7 +118,8 @@ class HorovodRunner:
         self.start_timeout = _seconds("start_timeout", start_timeout)
         self.stall_timeout = _seconds("stall_timeout", stall_timeout)
         self.exit_grace = _seconds("exit_grace", exit_grace)
-        self.timeout = _seconds("timeout", timeout, allow_none=True)
+        # None: no bound on the whole job.
+        self.timeout = None if timeout is None else _seconds("timeout", timeout)
 
     def run(self, main: Callable[..., Any], **kwargs: Any) -> Any:
         """Run ``main(**kwargs)`` on every rank; return rank 0's return value.
@@ -166,7 +162,7 @@ class HorovodRunner:
             if np == 0:  # sparkdl: all task slots
                 np = spark_backend.task_slots(sc)[0]
                 _status(f"np=0: using all {np} task slots of the cluster")
-            spark_backend.preflight(sc, np, wait_s=self.start_timeout or 600)
+            spark_backend.preflight(sc, np, wait_s=self.start_timeout)
             addr, bind, where = (
                 spark_backend.driver_address(sc),
                 "0.0.0.0",
@@ -198,9 +194,9 @@ class HorovodRunner:
             with _sigterm_raises():
                 launch.start()
                 result = service.wait(
-                    self.start_timeout or 600, launch.error,
-                    exit_grace=self.exit_grace or 60, timeout=self.timeout,
-                    stall_timeout=self.stall_timeout or 600,
+                    self.start_timeout, launch.error,
+                    exit_grace=self.exit_grace, timeout=self.timeout,
+                    stall_timeout=self.stall_timeout,
                 )  # fmt: skip
             ok = True
         except BaseException as err:

@@ -189,7 +189,7 @@ class DriverService:
         rank0_done: float | None = None
         failed_report: dict[str, Any] | None = None
         stuck: dict[int, dict[str, Any]] = {}  # rank -> its watchdog report (+ driver time)
-        while len(exits) < self.np and failure is None:
+        while len(exits) < self.np and failure is None and failed_report is None:
             now = time.monotonic()
             if rank0_done is not None and now - rank0_done > exit_grace:
                 late = sorted(set(range(self.np)) - set(exits))
@@ -252,8 +252,7 @@ class DriverService:
                 conn.exited = True
                 exits[payload["rank"]] = payload
                 if payload["code"] != 0 and not payload["aborted"]:
-                    failed_report = payload
-                    failure = _rank_failure(payload, self._scrub, exits)
+                    failed_report = payload  # the error is built once every rank exited
                 elif payload["rank"] == 0:
                     rank0_done = time.monotonic()
             elif kind == "disconnect" and not conn.exited and conn.rank is not None:
@@ -262,11 +261,12 @@ class DriverService:
                     f"finished: its Spark task or executor died (see the executor's log).",
                     rank=conn.rank,
                 )
-        if failure is not None:
+        if failure is not None or failed_report is not None:
             self.abort()
             self._drain_exits(exits, emit)
             if failed_report is not None:  # now knowing every rank's exit: name the cause
                 failure = _rank_failure(failed_report, self._scrub, exits)
+            assert failure is not None
             raise failure
         if result is None:
             raise HorovodRunnerError("Rank 0 finished without sending its return value.", rank=0)

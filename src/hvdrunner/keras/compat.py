@@ -143,18 +143,6 @@ def build_optimizer(optimizer: Any, trainable_variables: Sequence[Any]) -> None:
         optimizer._create_all_weights(list(trainable_variables))
 
 
-def get_learning_rate(optimizer: Any) -> float:
-    lr = getattr(optimizer, "learning_rate", None)
-    if lr is None:
-        lr = optimizer.lr
-    if callable(lr) and not hasattr(lr, "numpy"):
-        raise TypeError(
-            "the optimizer's learning rate is a schedule; LR callbacks need a plain number. "
-            "Pass learning_rate as a float and use the LR callbacks for the schedule."
-        )
-    return float(lr.numpy() if hasattr(lr, "numpy") else lr)
-
-
 def set_learning_rate(optimizer: Any, value: float) -> None:
     lr = getattr(optimizer, "learning_rate", None)
     if lr is not None and hasattr(lr, "assign"):

@@ -119,8 +119,3 @@ def distribute(
     optimizer._hvdrunner_compression = _compression(compression)
     optimizer.__class__ = _subclass(type(optimizer), keras3)
     return optimizer
-
-
-def is_distributed(optimizer: Any) -> bool:
-    """True when :func:`distribute` wrapped ``optimizer``."""
-    return bool(getattr(type(optimizer), _MARK, False))
