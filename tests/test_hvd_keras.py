@@ -131,6 +131,58 @@ def test_distributed_optimizer_two_ranks_of_b_equal_one_rank_of_2b():
     assert not np.allclose(np.array(w2[0]), 0.0)
 
 
+def sgd_accumulating(batch: int, lr: float, passes: int) -> dict:
+    """hvd_keras.DistributedOptimizer(backward_passes_per_step=passes), Horovod's default
+    (local gradients summed): rank r trains on rows [64r, 64r+64) in order, 2 epochs."""
+    import tensorflow as tf
+
+    import hvdrunner.hvd_keras as hvd
+
+    hvd.init()
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(128, 4)).astype("float32")
+    y = (x @ np.array([1.0, -2.0, 0.5, 3.0]) + 0.1).astype("float32")
+    mine = slice(64 * hvd.rank(), 64 * hvd.rank() + 64)
+    tf.keras.utils.set_random_seed(7)
+    model = tf.keras.Sequential([tf.keras.Input(shape=(4,)), tf.keras.layers.Dense(1)])
+    initial = [w.tolist() for w in model.get_weights()]
+    opt = hvd.DistributedOptimizer(tf.keras.optimizers.SGD(lr), backward_passes_per_step=passes)
+    model.compile(optimizer=opt, loss="mse")
+    model.fit(
+        x[mine], y[mine], batch_size=batch, epochs=2, shuffle=False, verbose=0,
+        callbacks=[hvd.callbacks.BroadcastGlobalVariablesCallback(0)],
+    )  # fmt: skip
+    return {
+        "initial": hvd.broadcast_object(initial, 0),
+        "final": hvd.allgather_object([w.tolist() for w in model.get_weights()]),
+        "iterations": int(opt.iterations.numpy()),
+        "x": x.tolist(),
+        "y": y.tolist(),
+    }
+
+
+@pytest.mark.timeout(300)
+def test_backward_passes_per_step_sums_local_batches_then_exchanges_once():
+    # backward_passes_per_step=2 on 2 ranks with batch 8: each update sums 2 local batch
+    # gradients (Horovod's default) and averages over ranks, i.e. 2 x the mean gradient of
+    # the 32 rows of both ranks' 2 passes. Checked against plain numpy SGD on those rows.
+    from helpers.sgd_reference import linear_sgd
+
+    out = HorovodRunner(np=-2).run(sgd_accumulating, batch=8, lr=0.025, passes=2)
+    x, y = np.array(out["x"]), np.array(out["y"])
+    updates = (
+        [  # passes 2u, 2u+1 of rank 0 (rows 0..63) and of rank 1 (rows 64..127)
+            np.r_[16 * u : 16 * u + 16, 64 + 16 * u : 64 + 16 * u + 16] for u in range(4)
+        ]
+        * 2
+    )  # 2 epochs, same order (no shuffle)
+    w, b = linear_sgd(*map(np.array, out["initial"]), x, y, updates, lr=2 * 0.025)
+    for rank_weights in out["final"]:
+        np.testing.assert_allclose(np.array(rank_weights[0]), w, atol=1e-5, rtol=0)
+        np.testing.assert_allclose(np.array(rank_weights[1]), b, atol=1e-5, rtol=0)
+    assert out["iterations"] == 16  # every batch counted, as Horovod and Keras do
+
+
 def import_horovod_keras() -> str:
     import horovod.tensorflow.keras as hvd  # noqa: F401 - the import is the test
 

@@ -162,6 +162,52 @@ def test_two_ranks_of_batch_b_equal_one_rank_of_batch_2b(spark, tmp_path):
     assert not np.allclose(np.array(w2[0]), 0.0)  # it did train
 
 
+def fit_initial_and_final_weights(**kwargs):
+    import tensorflow as tf
+
+    grabbed = {}
+
+    class Grab(tf.keras.callbacks.Callback):
+        def on_train_begin(self, logs=None):  # after fit's broadcast: rank 0's initial weights
+            grabbed["initial"] = [w.tolist() for w in self.model.get_weights()]
+
+        def on_train_end(self, logs=None):
+            grabbed["final"] = [w.tolist() for w in self.model.get_weights()]
+
+    fit(callbacks=[Grab()], **kwargs)
+    return grabbed
+
+
+@pytest.mark.timeout(300)
+def test_backward_passes_per_step_averages_local_batches(spark, tmp_path):
+    # fit(backward_passes_per_step=2) on 2 ranks, batch 16: one update per 2 batches with
+    # the mean gradient of the 64 rows both ranks passed (an effective batch of 64), at
+    # fit's rank-scaled learning rate. Checked against plain numpy SGD on those rows.
+    from helpers.sgd_reference import linear_sgd
+
+    n = 256
+    rng = np.random.default_rng(1)
+    x = rng.normal(size=(n, 4)).astype("float32")
+    y = (x @ np.array([1.0, -2.0, 0.5, 3.0]) + 0.1).astype("float32")
+    pdf = pd.DataFrame({"x": x.tolist(), "y": y})
+    data = prepare(spark.createDataFrame(pdf), features="x", label="y", cache_dir=str(tmp_path))
+    out = HorovodRunner(np=2).run(
+        fit_initial_and_final_weights, build_model=build_linear, data=data, epochs=2,
+        batch_size=16, backward_passes_per_step=2, learning_rate=0.01, loss="mse",
+        optimizer="sgd", shuffle=False, log_model=False, verbose=0,
+    )  # fmt: skip
+    updates = (
+        [  # update u: batches 2u, 2u+1 of rank 0 (rows 0..127) and of rank 1 (128..255)
+            np.r_[32 * u : 32 * u + 32, 128 + 32 * u : 128 + 32 * u + 32] for u in range(4)
+        ]
+        * 2
+    )
+    w, b = linear_sgd(*map(np.array, out["initial"]), x, y, updates, lr=0.01 * 2)
+    np.testing.assert_allclose(np.array(out["final"][0]), w, atol=1e-5, rtol=0)
+    np.testing.assert_allclose(np.array(out["final"][1]), b, atol=1e-5, rtol=0)
+    assert not np.allclose(w, np.array(out["initial"][0]), atol=1e-3)  # it did train
+
+
 def fit_killing_rank1_after_epoch2(**kwargs):
     import horovod.tensorflow as hvd
     import tensorflow as tf
@@ -274,6 +320,8 @@ def test_fit_fails_loudly_when_ranks_drift_apart(digits, store):
     [
         ({"epochs": 0}, ValueError, "epochs must be a positive int"),
         ({"compression": "int8"}, ValueError, "compression must be 'none' or 'fp16'"),
+        ({"backward_passes_per_step": 0}, ValueError, "backward_passes_per_step must be an int"),
+        ({"cycle_time_ms": -1}, ValueError, "cycle_time_ms must be a number >= 0"),
         ({"epoch": 3}, TypeError, r"unexpected argument\(s\) \['epoch'\]"),
         ({"data": [1, 2, 3]}, TypeError, "data must be prepared input"),
     ],

@@ -80,13 +80,16 @@ def DistributedOptimizer(  # noqa: N802 - Horovod's name
     sparse_as_dense: bool = False,
     op: Any = Average,
     backward_passes_per_step: int = 1,
+    average_aggregated_gradients: bool = False,
     **kwargs: Any,
 ) -> Any:
     """Make a Keras optimizer average gradients over all ranks (Keras 2 or 3).
 
     The optimizer keeps its class, config and state; the same object is returned.
     ``op`` must be ``Average`` (what data parallelism needs). Device and grouping arguments
-    of Horovod's version are accepted and ignored.
+    of Horovod's version are accepted and ignored. ``backward_passes_per_step=N``
+    accumulates N batches locally before one exchange; as in Horovod, the N local
+    gradients are summed unless ``average_aggregated_gradients=True``.
 
     Example:
         >>> opt = DistributedOptimizer(tf.keras.optimizers.SGD(0.01 * size()))  # doctest: +SKIP
@@ -104,6 +107,7 @@ def DistributedOptimizer(  # noqa: N802 - Horovod's name
         compression=compression,
         sparse_as_dense=sparse_as_dense,
         backward_passes_per_step=backward_passes_per_step,
+        average_aggregated_gradients=average_aggregated_gradients,
     )
 
 

@@ -13,7 +13,18 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from hvdrunner.data.reader import Column, iter_batches, rows_per_rank, shard_pieces
+import numpy as np
+
+from hvdrunner.data.reader import (
+    Column,
+    Piece,
+    iter_batches,
+    iter_blocks,
+    iter_memory_blocks,
+    load_shard,
+    rows_per_rank,
+    shard_pieces,
+)
 from hvdrunner.distributed import rank, size
 
 DEFAULT_CACHE_DIR = os.path.join(os.getcwd(), ".hvdrunner", "data-cache")
@@ -58,6 +69,18 @@ class PreparedData:
         return math.ceil(per / batch_size)
 
     # -- reading ---------------------------------------------------------------------------
+    def _shard(
+        self, batch_size: int, cur_shard: int | None, shard_count: int | None
+    ) -> tuple[int, int, list[Piece]]:
+        shard = rank() if cur_shard is None else cur_shard
+        count = size() if shard_count is None else shard_count
+        if not 0 <= shard < count:
+            raise ValueError(f"cur_shard={shard} must be in [0, shard_count={count})")
+        self.steps_per_epoch(batch_size, count)
+        pieces = shard_pieces(self.files, shard, count)
+        self._check_visible({p.path for p in pieces})
+        return shard, count, pieces
+
     def batches(
         self,
         batch_size: int,
@@ -73,16 +96,15 @@ class PreparedData:
         ``first_epoch`` (e.g. Keras' ``initial_epoch`` after a resume) picks up the per-epoch
         shuffle order where an uninterrupted run would be.
         """
-        shard = rank() if cur_shard is None else cur_shard
-        count = size() if shard_count is None else shard_count
-        if not 0 <= shard < count:
-            raise ValueError(f"cur_shard={shard} must be in [0, shard_count={count})")
-        self.steps_per_epoch(batch_size, count)
-        pieces = shard_pieces(self.files, shard, count)
-        self._check_visible({p.path for p in pieces})
+        shard, _, pieces = self._shard(batch_size, cur_shard, shard_count)
         return iter_batches(
             self.local_path, pieces, self.columns, batch_size, shuffle, seed, shard, first_epoch
         )
+
+    def shard_bytes(self, num_ranks: int | None = None) -> int:
+        """Decoded size of one rank's shard in memory (what ``in_memory=True`` holds)."""
+        row = sum(np.dtype(c.dtype).itemsize * math.prod(c.shape) for c in self.columns)
+        return self.rows_per_rank(num_ranks) * row
 
     @contextlib.contextmanager
     def tf_dataset(
@@ -96,6 +118,7 @@ class PreparedData:
         transform: Callable[[dict[str, Any]], dict[str, Any]] | None = None,
         prefetch: int = 2,
         first_epoch: int = 0,
+        in_memory: bool | None = None,
     ) -> Iterator[Any]:
         """This rank's shard as an endless ``tf.data.Dataset`` of full batches.
 
@@ -104,30 +127,97 @@ class PreparedData:
         maps each numpy batch ``{column: array}`` to a new dict before it becomes tensors.
         Shard index and count come from Horovod (``HOROVOD_RANK``/``HOROVOD_SIZE``) unless
         given. ``first_epoch``: as in :meth:`batches`.
+
+        ``in_memory``: decode the shard once and keep it in memory; each epoch then only
+        gathers rows in the epoch's order (no re-decode): what Keras does with numpy arrays. ``None`` (default) does so when there is no
+        ``transform`` and :meth:`shard_bytes` fits the budget (a quarter of this machine's
+        memory shared by its local ranks, at most 4 GiB); otherwise pieces are streamed from
+        disk, decoded ahead in background threads. Both give the same batches.
+
+        Example:
+            >>> with data.tf_dataset(64) as ds:  # doctest: +SKIP
+            ...     model.fit(ds, steps_per_epoch=data.steps_per_epoch(64), epochs=5)
         """
-        import tensorflow as tf
-
-        def gen() -> Iterator[Any]:
-            for batch in self.batches(
-                batch_size,
-                shuffle=shuffle,
-                seed=seed,
-                cur_shard=cur_shard,
-                shard_count=shard_count,
-                first_epoch=first_epoch,
-            ):
-                yield self._structure(transform(batch) if transform else batch)
-
-        sample = next(gen())
-        signature = tf.nest.map_structure(
-            lambda a: tf.TensorSpec(shape=a.shape, dtype=tf.as_dtype(a.dtype)), sample
-        )
-        ds = tf.data.Dataset.from_generator(gen, output_signature=signature).prefetch(prefetch)
+        shard, count, pieces = self._shard(batch_size, cur_shard, shard_count)
+        if in_memory and transform is not None:
+            raise ValueError(
+                "in_memory=True feeds with TensorFlow ops and cannot call a numpy transform; "
+                "drop transform= (do it in the model or a ds.map) or pass in_memory=False"
+            )
+        if in_memory is None:
+            in_memory = transform is None and self.shard_bytes(count) <= _memory_budget()
+        args = (pieces, batch_size, shuffle, seed, shard, first_epoch)
+        if in_memory:
+            ds = self._memory_dataset(*args)
+        elif transform is None:
+            ds = self._block_dataset(*args)
+        else:
+            ds = self._transform_dataset(*args, transform)
+        ds = ds.prefetch(prefetch)
         try:
             yield ds
         finally:
             # Pieces are opened, read and closed one at a time: no reader outlives the block.
             del ds
+
+    def _memory_dataset(
+        self, pieces: list[Piece], batch_size: int, shuffle: bool, seed: int, shard: int,
+        first_epoch: int,
+    ) -> Any:  # fmt: skip
+        # Kept as numpy, not one big tensor: converting hundreds of MB to a tensor costs a
+        # full copy (measured 0.6 s for 313 MB here); np.take per block copies only a batch.
+        lengths = [p.stop - p.start for p in pieces]
+        arrays = load_shard(self.local_path, pieces, self.columns)
+        return self._blocks_to_batches(
+            lambda: iter_memory_blocks(
+                arrays, lengths, batch_size, shuffle, seed, shard, first_epoch),
+            batch_size,
+        )  # fmt: skip
+
+    def _block_dataset(
+        self, pieces: list[Piece], batch_size: int, shuffle: bool, seed: int, shard: int,
+        first_epoch: int,
+    ) -> Any:  # fmt: skip
+        return self._blocks_to_batches(
+            lambda: iter_blocks(
+                self.local_path, pieces, self.columns, batch_size, shuffle, seed, shard,
+                first_epoch),
+            batch_size,
+        )  # fmt: skip
+
+    def _blocks_to_batches(
+        self, blocks: Callable[[], Iterator[dict[str, np.ndarray]]], batch_size: int
+    ) -> Any:
+        import tensorflow as tf
+
+        spec = {
+            c.name: tf.TensorSpec((None, batch_size, *c.shape), tf.as_dtype(c.dtype))
+            for c in self.columns
+        }
+        ds = tf.data.Dataset.from_generator(
+            lambda: map(self._structure, blocks()), output_signature=self._structure(spec)
+        )
+        # One Python hand-off per block of batches; TensorFlow splits blocks into batches.
+        return ds.prefetch(1).unbatch()
+
+    def _transform_dataset(
+        self, pieces: list[Piece], batch_size: int, shuffle: bool, seed: int, shard: int,
+        first_epoch: int, transform: Callable[[dict[str, Any]], dict[str, Any]],
+    ) -> Any:  # fmt: skip
+        import tensorflow as tf
+
+        def gen() -> Iterator[Any]:
+            for batch in iter_batches(
+                self.local_path, pieces, self.columns, batch_size, shuffle, seed, shard,
+                first_epoch,
+            ):  # fmt: skip
+                yield self._structure(transform(batch))
+
+        sample = next(gen())
+        signature = tf.nest.map_structure(
+            lambda a: tf.TensorSpec(shape=a.shape, dtype=tf.as_dtype(a.dtype)), sample
+        )
+        return tf.data.Dataset.from_generator(gen, output_signature=signature)
 
     def _check_visible(self, names: set[str]) -> None:
         """Fail fast, naming the path, when this node cannot see the prepared files."""
@@ -151,6 +241,16 @@ class PreparedData:
     def delete(self) -> None:
         """Remove the prepared files (rank 0 or the driver; safe to call twice)."""
         shutil.rmtree(self.local_path, ignore_errors=True)
+
+
+def _memory_budget() -> int:
+    """Bytes one rank may hold for ``in_memory``: a quarter of RAM over the local ranks, <= 4 GiB."""
+    try:
+        total = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (ValueError, OSError):  # not POSIX: stream
+        return 0
+    local = max(1, int(os.environ.get("HOROVOD_LOCAL_SIZE", "1")))
+    return min(4 << 30, total // (4 * local))
 
 
 __all__ = ["DEFAULT_CACHE_DIR", "PreparedData"]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import os
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -12,7 +13,7 @@ from hvdrunner.keras import callbacks as hk_callbacks
 from hvdrunner.keras import compat
 from hvdrunner.keras.checkpoint import CheckpointStore, check_dir
 from hvdrunner.keras.inputs import is_petastorm_converter, training_input
-from hvdrunner.keras.optimizer import distribute
+from hvdrunner.keras.optimizer import check_passes, distribute
 
 _OPTIMIZERS = ("adam", "sgd", "rmsprop", "adagrad")
 NOT_KERAS = (
@@ -45,6 +46,10 @@ class FitConfig:
     verbose: int = 2
     callbacks: tuple[Any, ...] = field(default=())
     compression: str = "none"
+    backward_passes_per_step: int = 1
+    fusion_threshold_mb: float | None = None
+    cycle_time_ms: float | None = None
+    in_memory: bool | None = None
 
     def __post_init__(self) -> None:
         for name in ("epochs", "batch_size", "checkpoint_every", "keep_checkpoints"):
@@ -65,6 +70,19 @@ class FitConfig:
             raise ValueError(
                 f"compression must be 'none' or 'fp16' (gradients sent as float16), got "
                 f"{self.compression!r}"
+            )
+        check_passes(self.backward_passes_per_step)
+        for name in ("fusion_threshold_mb", "cycle_time_ms"):
+            value = getattr(self, name)
+            if value is not None and (
+                isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0
+            ):
+                raise ValueError(
+                    f"{name} must be a number >= 0 or None (Horovod's default), got {value!r}"
+                )
+        if self.in_memory not in (None, True, False):
+            raise ValueError(
+                f"in_memory must be None (auto), True or False, got {self.in_memory!r}"
             )
         if isinstance(self.optimizer, str) and self.optimizer.lower() not in _OPTIMIZERS:
             raise ValueError(
@@ -118,6 +136,10 @@ def fit(
     verbose: int = 2,
     callbacks: Sequence[Any] = (),
     compression: str = "none",
+    backward_passes_per_step: int = 1,
+    fusion_threshold_mb: float | None = None,
+    cycle_time_ms: float | None = None,
+    in_memory: bool | None = None,
     validation: Any = None,
     features: str | None = None,
     label: str | None = None,
@@ -143,7 +165,14 @@ def fit(
     callback sees them, so an ``EarlyStopping`` in ``callbacks`` decides the same on every
     rank (a rank that stopped alone would hang the others).
 
-    ``compression="fp16"`` sends gradients as float16 (half the bytes per allreduce).
+    Gradient exchange knobs (see the README's performance section for measured effects):
+    ``compression="fp16"`` sends gradients as float16 (half the bytes per allreduce);
+    ``backward_passes_per_step=N`` averages N batches' gradients locally and exchanges once
+    per N batches (N times fewer allreduces; one update per N batches, so an effective
+    batch of ``N * batch_size * ranks`` at the same learning rate); ``fusion_threshold_mb``
+    and ``cycle_time_ms`` set Horovod's ``HOROVOD_FUSION_THRESHOLD`` (tensor fusion buffer)
+    and ``HOROVOD_CYCLE_TIME`` (background loop period) for this job. ``in_memory``: as in
+    :meth:`PreparedData.tf_dataset` (``None`` = keep the shard in memory when it fits).
 
     ``data`` may also be a Petastorm ``SparkDatasetConverter`` (``make_spark_converter(df)``;
     stacks with petastorm only): pass ``features=`` and ``label=`` column names. Every rank
@@ -166,6 +195,7 @@ def fit(
     from hvdrunner import tracking
 
     keras = compat.tf_keras()
+    _horovod_env(hvd, cfg)
     hvd.init()
     gpus = tf.config.list_physical_devices("GPU")
     for gpu in gpus:
@@ -180,7 +210,11 @@ def fit(
             NOT_KERAS.format(kind=f"{type(model).__module__}.{type(model).__qualname__}")
         )
     scaled_lr = cfg.learning_rate * hvd.size()
-    opt = distribute(_make_optimizer(cfg.optimizer, scaled_lr), compression=cfg.compression)
+    opt = distribute(
+        _make_optimizer(cfg.optimizer, scaled_lr),
+        compression=cfg.compression,
+        backward_passes_per_step=cfg.backward_passes_per_step,
+    )
     # jit_compile=False: XLA has no kernel for Horovod's allreduce (Keras 3 turns XLA on
     # by itself on GPUs).
     model.compile(optimizer=opt, loss=cfg.loss, metrics=list(cfg.metrics), jit_compile=False)
@@ -202,7 +236,7 @@ def fit(
 
     steps, rows, train_input = training_input(
         data, cfg.batch_size, shuffle=cfg.shuffle, seed=cfg.seed, first_epoch=initial_epoch,
-        features=features, label=label,
+        features=features, label=label, in_memory=cfg.in_memory,
     )  # fmt: skip
     cbs: list[Any] = [hk_callbacks.MetricAverageCallback()]
     if cfg.warmup_epochs and initial_epoch < cfg.warmup_epochs:
@@ -220,6 +254,8 @@ def fit(
          "learning_rate": cfg.learning_rate, "scaled_learning_rate": scaled_lr,
          "warmup_epochs": cfg.warmup_epochs, "optimizer": getattr(cfg.optimizer, "__name__", cfg.optimizer),
          "steps_per_epoch": steps, "rows": rows, "compression": cfg.compression,
+         "backward_passes_per_step": cfg.backward_passes_per_step,
+         "fusion_threshold_mb": cfg.fusion_threshold_mb, "cycle_time_ms": cfg.cycle_time_ms,
          "keras": f"{compat.mode()} {compat.keras_version()}"}
     )  # fmt: skip
     # Changes on every resume of the same run: a tag, not a param (params are immutable).
@@ -229,7 +265,9 @@ def fit(
     with contextlib.ExitStack() as stack:
         ds = stack.enter_context(train_input)
         val_ds = (
-            stack.enter_context(validation.tf_dataset(val_batch, shuffle=False))
+            stack.enter_context(
+                validation.tf_dataset(val_batch, shuffle=False, in_memory=cfg.in_memory)
+            )
             if validation is not None
             else None
         )
@@ -251,6 +289,22 @@ def fit(
         model_uri=model_uri, initial_epoch=initial_epoch, epochs=cfg.epochs,
         steps_per_epoch=steps, num_ranks=hvd.size(),
     )  # fmt: skip
+
+
+def _horovod_env(hvd: Any, cfg: FitConfig) -> None:
+    """Fusion/cycle settings are read by ``hvd.init()``: set them first, or refuse."""
+    env = {}
+    if cfg.fusion_threshold_mb is not None:
+        env["HOROVOD_FUSION_THRESHOLD"] = str(int(cfg.fusion_threshold_mb * 1024 * 1024))
+    if cfg.cycle_time_ms is not None:
+        env["HOROVOD_CYCLE_TIME"] = str(cfg.cycle_time_ms)
+    if env and hvd.is_initialized():
+        raise RuntimeError(
+            "fusion_threshold_mb/cycle_time_ms are read by hvd.init(), which already ran in "
+            "this rank: do not call hvd.init() before fit, or set "
+            f"{', '.join(env)} in the environment instead"
+        )
+    os.environ.update(env)
 
 
 def _config(arguments: dict[str, Any]) -> FitConfig:

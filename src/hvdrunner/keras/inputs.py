@@ -48,6 +48,7 @@ def training_input(
     first_epoch: int = 0,
     features: str | None = None,
     label: str | None = None,
+    in_memory: bool | None = None,
 ) -> tuple[int, int, contextlib.AbstractContextManager[Any]]:
     """``(steps_per_epoch, rows, context manager yielding the dataset)`` for this rank."""
     if is_petastorm_converter(data):
@@ -62,5 +63,7 @@ def training_input(
         steps = max(1, math.ceil(rows / (batch_size * hvd.size())))
         return steps, rows, _petastorm_dataset(data, batch_size, shuffle, features, label)
     steps = data.steps_per_epoch(batch_size)
-    ctx = data.tf_dataset(batch_size, shuffle=shuffle, seed=seed, first_epoch=first_epoch)
+    ctx = data.tf_dataset(
+        batch_size, shuffle=shuffle, seed=seed, first_epoch=first_epoch, in_memory=in_memory
+    )
     return steps, int(data.num_rows), ctx

@@ -56,22 +56,92 @@ def allreduce_gradients(grads: list[Any], compression: Any) -> list[Any]:
     return out
 
 
+def _accumulators(opt: Any, grads: list[Any]) -> tuple[Any, list[Any]]:
+    """``(counter, one zeroed variable per gradient)``, created once, outside any graph.
+
+    Kept in ``__dict__`` (not as tracked attributes) so they are not optimizer state: they
+    are not saved with the model or in checkpoints, and a reloaded optimizer is plain.
+    """
+    import tensorflow as tf
+
+    state = opt.__dict__.get("_hvdrunner_acc")
+    if state is None:
+        with tf.init_scope():
+            counter = tf.Variable(0, dtype=tf.int64, trainable=False, name="hvdrunner_passes")
+            accs = [
+                None if g is None else tf.Variable(tf.zeros(g.shape, g.dtype), trainable=False)
+                for g in grads
+            ]
+        state = opt.__dict__["_hvdrunner_acc"] = (counter, accs)
+    return state
+
+
+def _reduce_and_apply(opt: Any, grads: list[Any], apply: Any) -> Any:
+    """``apply(averaged grads)`` now, or, with ``backward_passes_per_step=N > 1``, add the
+    gradients to local accumulators and exchange + apply only on every N-th pass.
+
+    Every rank passes the same steps, so every rank takes the same branch and the
+    allreduce inside ``tf.cond`` is always joined. Skipped passes still advance the
+    optimizer's ``iterations`` (as Horovod and Keras' own ``gradient_accumulation_steps``
+    do): schedules and warmup keep counting batches.
+    """
+    import tensorflow as tf
+
+    passes = opt._hvdrunner_passes
+    if passes == 1:
+        return apply(allreduce_gradients(grads, opt._hvdrunner_compression))
+    counter, accs = _accumulators(opt, grads)
+    updates = [
+        acc.assign_add(tf.convert_to_tensor(g))
+        for acc, g in zip(accs, grads, strict=True)
+        if acc is not None and g is not None
+    ]
+    with tf.control_dependencies(updates):
+        count = counter.assign_add(1)
+
+    def exchange_and_apply() -> Any:
+        scale = 1.0 / passes if opt._hvdrunner_average_passes else 1.0
+        local = [
+            None if acc is None or g is None else acc.read_value() * tf.cast(scale, acc.dtype)
+            for acc, g in zip(accs, grads, strict=True)
+        ]
+        with tf.control_dependencies(
+            [apply(allreduce_gradients(local, opt._hvdrunner_compression))]
+        ):
+            resets = [acc.assign(tf.zeros_like(acc)) for acc in accs if acc is not None]
+        with tf.control_dependencies(resets):
+            return tf.constant(True)
+
+    def accumulate_only() -> Any:
+        with tf.control_dependencies([opt.iterations.assign_add(1)]):
+            return tf.constant(False)
+
+    return tf.cond(tf.equal(count % passes, 0), exchange_and_apply, accumulate_only)
+
+
 def _subclass(base: type, keras3: bool) -> type:
     if keras3:
 
         def apply(self: Any, grads: Any, trainable_variables: Any = None) -> Any:
-            grads = allreduce_gradients(list(grads), self._hvdrunner_compression)
-            return base.apply(self, grads, trainable_variables)  # type: ignore[attr-defined]
+            def update(reduced: list[Any]) -> Any:
+                base.apply(self, reduced, trainable_variables)  # type: ignore[attr-defined]
+                return self.iterations
+
+            return _reduce_and_apply(self, list(grads), update)
 
         methods: dict[str, Any] = {"apply": apply}
     else:
 
         def apply_gradients(self: Any, grads_and_vars: Any, *args: Any, **kwargs: Any) -> Any:
             pairs = list(grads_and_vars)
-            grads = allreduce_gradients([g for g, _ in pairs], self._hvdrunner_compression)
-            return base.apply_gradients(  # type: ignore[attr-defined]
-                self, list(zip(grads, [v for _, v in pairs], strict=True)), *args, **kwargs
-            )
+            variables = [v for _, v in pairs]
+
+            def update(reduced: list[Any]) -> Any:
+                return base.apply_gradients(  # type: ignore[attr-defined]
+                    self, list(zip(reduced, variables, strict=True)), *args, **kwargs
+                )
+
+            return _reduce_and_apply(self, [g for g, _ in pairs], update)
 
         methods = {"apply_gradients": apply_gradients}
     # Same name and module as the base: a saved model (with its optimizer) deserializes as
@@ -86,6 +156,7 @@ def distribute(
     compression: str | Any = "none",
     sparse_as_dense: bool = True,
     backward_passes_per_step: int = 1,
+    average_aggregated_gradients: bool = True,
 ) -> Any:
     """Make ``optimizer`` average its gradients over all ranks before applying them.
 
@@ -97,7 +168,12 @@ def distribute(
         compression: ``"none"`` or ``"fp16"`` (gradients travel as float16: half the bytes).
         sparse_as_dense: accepted for Horovod compatibility; sparse gradients are always
             averaged as dense tensors here.
-        backward_passes_per_step: must be 1 (accepted for Horovod's signature).
+        backward_passes_per_step: ``N > 1`` accumulates the gradients of N batches locally
+            and exchanges (and applies) them once: N times fewer allreduces, an effective
+            batch of ``N * batch_size * ranks`` per update.
+        average_aggregated_gradients: with ``N > 1``, average the N local gradients (the
+            update of one N-times larger batch) rather than sum them (Horovod's default in
+            its own ``DistributedOptimizer``, which ``hvd_keras`` keeps).
 
     Example:
         >>> opt = distribute(tf.keras.optimizers.Adam(1e-3))  # doctest: +SKIP
@@ -111,11 +187,24 @@ def distribute(
             f"DistributedOptimizer needs a Keras optimizer instance (tf.keras.optimizers.*), "
             f"got {type(optimizer).__module__}.{type(optimizer).__qualname__}"
         )
-    if backward_passes_per_step != 1:
+    check_passes(backward_passes_per_step)
+    if backward_passes_per_step > 1 and getattr(optimizer, "gradient_accumulation_steps", None):
         raise ValueError(
-            f"backward_passes_per_step={backward_passes_per_step!r}: local gradient accumulation "
-            f"is not supported by hvdrunner yet; pass 1 (the default) and raise batch_size instead."
+            "the optimizer already has Keras' gradient_accumulation_steps: that accumulates "
+            "after the allreduce, so every batch would still be exchanged. Drop it and pass "
+            "backward_passes_per_step instead."
         )
     optimizer._hvdrunner_compression = _compression(compression)
+    optimizer._hvdrunner_passes = backward_passes_per_step
+    optimizer._hvdrunner_average_passes = bool(average_aggregated_gradients)
     optimizer.__class__ = _subclass(type(optimizer), keras3)
     return optimizer
+
+
+def check_passes(value: Any) -> None:
+    """``backward_passes_per_step`` must be a positive int (1 = exchange every batch)."""
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValueError(
+            f"backward_passes_per_step must be an int >= 1 (1 = exchange every batch; N = "
+            f"accumulate N batches locally, then exchange once), got {value!r}"
+        )
