@@ -74,7 +74,6 @@ def main() -> None:
     try:
         train_data = prepare(train, features="pixels", label="label", cache_dir=cache)
         test_data = prepare(test, features="pixels", label="label", cache_dir=cache)
-        spark.stop()
         rows = []
         for name, knob in KNOBS.items():
             out = HorovodRunner(np=2).run(
@@ -91,6 +90,7 @@ def main() -> None:
             print(json.dumps(row), flush=True)
     finally:
         shutil.rmtree(cache, ignore_errors=True)
+        spark.stop()
     result = {
         "what": "digits demo training, np=2 (Spark local[2] barrier tasks), 10 epochs, batch "
         "32/rank, Adam 1e-3 x 2, 2 warmup epochs; held-out accuracy after epoch 10; median "

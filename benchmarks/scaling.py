@@ -8,9 +8,11 @@ is one HorovodRunner job; the figure is the median of its steady epochs (all but
 - ``no_exchange``: the Horovod Keras recipe without DistributedOptimizer, in-memory numpy:
   every rank trains alone. The CPUs' own limit at this np (same run, same machine).
 - ``recipe``: the standard Horovod Keras recipe (``hvdrunner.hvd_keras``), in-memory numpy.
-- ``fit``: ``hvdrunner.keras.fit`` on the same rows ``prepare``d as Parquet.
+- ``fit``: ``hvdrunner.keras.fit`` on the same rows ``prepare``d as Parquet (the shard
+  held in memory, the default when it fits); ``fit in_memory=False``: streamed from disk.
 - np=2 knobs on ``fit``: ``compression="fp16"``, ``backward_passes_per_step`` 2 and 4,
-  ``fusion_threshold_mb=0`` (no fusion buffer), ``cycle_time_ms`` 0.2 and 5.
+  ``fusion_threshold_mb=0`` (no fusion buffer), ``cycle_time_ms`` 0.2, 5 and 20, and
+  ``backward_passes_per_step=4`` with ``cycle_time_ms=5``.
 - alone, at np=2: one grouped allreduce of the model's gradients; the feed without a model
   (``tf_dataset`` batches per second); a raw TCP transfer over loopback (bandwidth).
 
@@ -115,14 +117,16 @@ def alone(data) -> dict:
 
     hvd.init()
     steps = data.steps_per_epoch(BATCH)
-    with data.tf_dataset(BATCH) as ds:
-        it = iter(ds)
-        for _ in range(steps):  # first epoch: decode into memory
-            next(it)
-        t = time.perf_counter()
-        for _ in range(2 * steps):
-            next(it)
-        feed_ms = 1000 * (time.perf_counter() - t) / (2 * steps)
+    feed_ms = {}
+    for name, in_memory in (("in_memory", True), ("streaming", False)):
+        with data.tf_dataset(BATCH, in_memory=in_memory) as ds:
+            it = iter(ds)
+            for _ in range(steps):  # first epoch (in memory: the decode)
+                next(it)
+            t = time.perf_counter()
+            for _ in range(2 * steps):
+                next(it)
+            feed_ms[name] = round(1000 * (time.perf_counter() - t) / (2 * steps), 2)
     grads = [tf.ones_like(v) for v in _model(compat.tf_keras()).trainable_variables]
     for _ in range(3):
         hvd.grouped_allreduce(grads, op=hvd.Average)
@@ -130,7 +134,7 @@ def alone(data) -> dict:
     for _ in range(20):
         hvd.grouped_allreduce(grads, op=hvd.Average)
     return {
-        "feed_ms_per_batch": round(feed_ms, 2),
+        "feed_ms_per_batch": feed_ms,
         "allreduce_alone_ms": round(1000 * (time.perf_counter() - t) / 20, 1),
         "grad_bytes": int(sum(int(np.prod(g.shape)) * 4 for g in grads)),
     }
@@ -208,6 +212,7 @@ def main() -> None:
             run(np_, "no_exchange", recipe, rows=args.rows, exchange=False)
             run(np_, "recipe", recipe, rows=args.rows, exchange=True)
             run(np_, "fit", fit_job, data=data)
+            run(np_, "fit in_memory=False", fit_job, data=data, in_memory=False)
         knobs = {
             "fit compression=fp16": {"compression": "fp16"},
             "fit backward_passes_per_step=2": {"backward_passes_per_step": 2},
@@ -215,6 +220,11 @@ def main() -> None:
             "fit fusion_threshold_mb=0": {"fusion_threshold_mb": 0},
             "fit cycle_time_ms=0.2": {"cycle_time_ms": 0.2},
             "fit cycle_time_ms=5": {"cycle_time_ms": 5},
+            "fit cycle_time_ms=20": {"cycle_time_ms": 20},
+            "fit backward_passes_per_step=4, cycle_time_ms=5": {
+                "backward_passes_per_step": 4,
+                "cycle_time_ms": 5,
+            },
         }
         for name, kw in knobs.items():
             run(2, name, fit_job, data=data, **kw)
@@ -236,8 +246,11 @@ def main() -> None:
         f"median of {args.epochs - 1} steady epochs, 1 TF thread per rank, driver-process ranks",
         "rows": rows,
         "fit_over_recipe": {
-            f"np{n}": round(by[(n, "fit")]["samples_per_s"] / by[(n, "recipe")]["samples_per_s"], 3)
+            f"np{n}{tag}": round(
+                by[(n, variant)]["samples_per_s"] / by[(n, "recipe")]["samples_per_s"], 3
+            )
             for n in (1, 2)
+            for tag, variant in (("", "fit"), ("_streaming", "fit in_memory=False"))
         },
         "cpu_scaling_no_exchange_np2_over_2x_np1": round(
             by[(2, "no_exchange")]["samples_per_s"] / (2 * by[(1, "no_exchange")]["samples_per_s"]),
@@ -247,6 +260,9 @@ def main() -> None:
             "compute": compute,
             "gradient_exchange": exchange,
             "input": round(by[(2, "fit")]["step_ms"] - by[(2, "recipe")]["step_ms"], 1),
+            "input_streaming": round(
+                by[(2, "fit in_memory=False")]["step_ms"] - by[(2, "recipe")]["step_ms"], 1
+            ),
             "feed_alone_ms_per_batch": parts["feed_ms_per_batch"],
             "allreduce_alone": parts["allreduce_alone_ms"],
         },

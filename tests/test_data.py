@@ -110,6 +110,27 @@ def test_tf_dataset_structure_and_transform(spark, cache_dir):
     assert y.numpy()[0] == 128  # shard 1 starts at the middle row
 
 
+@pytest.mark.parametrize("shuffle", [True, False])
+def test_in_memory_and_streaming_feeds_give_the_same_batches(spark, cache_dir, shuffle):
+    # 1001 rows in files of 97: shard 1 of 2 (501 rows, wrapping) pads its last batch of 64
+    # from the pass's first rows. Both tf_dataset feeds must equal batches(), from a resumed
+    # epoch on, across an epoch boundary.
+    data = prepare(
+        _numbered(spark, 1001), features="x", label="row", cache_dir=cache_dir, rows_per_file=97
+    )
+    steps = data.steps_per_epoch(64, 2)
+    kw = dict(cur_shard=1, shard_count=2, shuffle=shuffle, seed=3, first_epoch=1)
+    it = data.batches(64, **kw)
+    expected = [next(it)["row"] for _ in range(2 * steps + 1)]
+    for in_memory in (True, False):
+        with data.tf_dataset(64, in_memory=in_memory, **kw) as ds:
+            got = [y.numpy() for _, y in ds.take(2 * steps + 1)]
+        assert len(got) == len(expected)
+        for a, b in zip(got, expected, strict=True):
+            np.testing.assert_array_equal(a, b)
+    assert len(set(np.concatenate(expected[:steps]).tolist())) == 501  # every row once
+
+
 def test_prepare_reuses_cache_and_delete_removes_it(spark, tmp_path):
     df = _numbered(spark, 100)
     first = prepare(df, features="x", label="row", cache_dir=str(tmp_path))

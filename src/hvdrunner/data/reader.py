@@ -105,9 +105,10 @@ def read_piece(root: str, piece: Piece, columns: Sequence[Column]) -> dict[str, 
         ) from exc
 
 
-def _read_permuted(
+def read_rows(
     root: str, piece: Piece, columns: Sequence[Column], perm: np.ndarray | None
 ) -> dict[str, np.ndarray]:
+    """``read_piece``, rows in ``perm`` order (unchanged when ``perm`` is None)."""
     chunk = read_piece(root, piece, columns)
     # np.take releases the GIL: the shuffle copy runs in the read-ahead thread too.
     return chunk if perm is None else {k: np.take(v, perm, axis=0) for k, v in chunk.items()}
@@ -129,14 +130,14 @@ def _pieces_ahead(
     try:
         todo = iter(plan)
         for i, perm in todo:
-            pending.append(pool.submit(_read_permuted, root, pieces[i], columns, perm))
+            pending.append(pool.submit(read_rows, root, pieces[i], columns, perm))
             if len(pending) >= READ_AHEAD:
                 break
         while pending:
             chunk = pending.pop(0).result()
             nxt = next(todo, None)
             if nxt is not None:
-                pending.append(pool.submit(_read_permuted, root, pieces[nxt[0]], columns, nxt[1]))
+                pending.append(pool.submit(read_rows, root, pieces[nxt[0]], columns, nxt[1]))
             yield chunk
     finally:  # the consumer stopped early (or failed): drop what is queued, keep no thread
         for f in pending:
@@ -270,28 +271,3 @@ def load_shard(
                 out[k][offset : offset + n] = v
             offset += n
     return out
-
-
-def iter_memory_blocks(
-    arrays: dict[str, np.ndarray],
-    lengths: Sequence[int],
-    batch_size: int,
-    shuffle: bool,
-    seed: int,
-    shard: int,
-    first_epoch: int = 0,
-    batches_per_block: int = 8,
-) -> Iterator[dict[str, np.ndarray]]:
-    """:func:`iter_blocks`' batches, in the same order, gathered from a shard held in memory
-    (:func:`load_shard`): each epoch is one index computation and a few ``np.take`` calls."""
-    epoch = first_epoch
-    while True:
-        idx = epoch_indices(lengths, batch_size, shuffle, seed, shard, epoch)
-        idx = idx.reshape(-1, batch_size)
-        for j in range(0, len(idx), batches_per_block):
-            sel = idx[j : j + batches_per_block]
-            yield {
-                k: np.take(v, sel.ravel(), axis=0).reshape((len(sel), batch_size, *v.shape[1:]))
-                for k, v in arrays.items()
-            }
-        epoch += 1
