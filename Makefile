@@ -44,10 +44,11 @@ lint: $(STAMP)
 	$(VENV)/bin/ruff format --check src tests benchmarks
 	$(VENV)/bin/mypy
 
-bench: $(STAMP)
+bench: $(STAMP)        ## every benchmark on $(STACK); results in benchmarks/results/*-$(STACK).json
 	$(PY) benchmarks/launch_overhead.py
 	$(PY) benchmarks/data_throughput.py
 	$(PY) benchmarks/scaling.py
+	$(PY) benchmarks/knobs_accuracy.py
 
 clean-env:
 	rm -rf $(VENV)

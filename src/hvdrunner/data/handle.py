@@ -23,7 +23,7 @@ from hvdrunner.data.reader import (
     iter_batches,
     load_shard,
     pass_plan,
-    read_rows,
+    read_piece,
     rows_per_rank,
     shard_pieces,
 )
@@ -200,29 +200,33 @@ class PreparedData:
 
         lengths = [p.stop - p.start for p in pieces]
         need = math.ceil(sum(lengths) / batch_size) * batch_size - sum(lengths)
-        heads: dict[int, tuple[np.ndarray, ...]] = {}  # epoch -> first rows of the pass
 
         def load(epoch: np.ndarray, j: np.ndarray) -> list[np.ndarray]:
+            """Piece ``j`` of the pass's plan, unshuffled, and the row order to take."""
             plan = pass_plan(lengths, shuffle, seed, shard, int(epoch))
             if j < len(plan):
-                rows = read_rows(self.local_path, pieces[plan[j][0]], self.columns, plan[j][1])
-                if j == 0 and need:
-                    heads[int(epoch)] = tuple(v[:batch_size] for v in rows.values())
-                return list(rows.values())
-            # The padding of the last batch, from the pass's own first rows (as iter_blocks).
-            head = heads.pop(int(epoch), None)
-            if head is None:
-                first = read_rows(self.local_path, pieces[plan[0][0]], self.columns, plan[0][1])
-                head = tuple(v[:batch_size] for v in first.values())
-            return [np.resize(v, (need, *v.shape[1:])) for v in head]
+                i, perm = plan[j]
+                rows = read_piece(self.local_path, pieces[i], self.columns)
+                order = perm if perm is not None else np.arange(lengths[i])
+                return [*rows.values(), order.astype(np.int64)]
+            # The padding of the last batch: the pass's own first rows (as iter_blocks).
+            i, perm = plan[0]
+            first = read_piece(self.local_path, pieces[i], self.columns)
+            head = (perm if perm is not None else np.arange(lengths[i]))[:batch_size]
+            pick = np.resize(head, need)
+            return [*(np.take(v, pick, axis=0) for v in first.values()), np.arange(need)]
 
-        dtypes = [tf.as_dtype(c.dtype) for c in self.columns]
+        dtypes = [tf.as_dtype(c.dtype) for c in self.columns] + [tf.int64]
 
         def rows_of(epoch: Any, j: Any) -> Any:
-            out = tf.numpy_function(load, [epoch, j], dtypes, stateful=False)
+            *out, order = tf.numpy_function(load, [epoch, j], dtypes, stateful=False)
+            order.set_shape((None,))
+            cols = {}
             for t, c in zip(out, self.columns, strict=True):
                 t.set_shape((None, *c.shape))
-            return self._structure({c.name: t for t, c in zip(out, self.columns, strict=True)})
+                # The shuffle, in TensorFlow's threads (measured faster than np.take here).
+                cols[c.name] = tf.gather(t, order) if shuffle else t
+            return self._structure(cols)
 
         per_pass = len(pieces) + (1 if need else 0)
         jobs = tf.data.Dataset.range(first_epoch, 2**62).flat_map(
