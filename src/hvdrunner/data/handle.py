@@ -209,7 +209,7 @@ class PreparedData:
                 rows = read_piece(self.local_path, pieces[i], self.columns)
                 order = perm if perm is not None else np.arange(lengths[i])
                 return [*rows.values(), order.astype(np.int64)]
-            # The padding of the last batch: the pass's own first rows (as iter_blocks).
+            # The padding of the last batch: the pass's own first rows (as iter_batches).
             i, perm = plan[0]
             first = read_piece(self.local_path, pieces[i], self.columns)
             head = (perm if perm is not None else np.arange(lengths[i]))[:batch_size]

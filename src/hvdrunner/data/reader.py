@@ -162,7 +162,7 @@ def epoch_indices(
     lengths: Sequence[int], batch_size: int, shuffle: bool, seed: int, shard: int, epoch: int
 ) -> np.ndarray:
     """Row indices (into the shard's pieces concatenated in order) of one pass, padded to
-    whole batches from the pass's own first rows exactly as :func:`iter_blocks` pads."""
+    whole batches from the pass's own first rows exactly as :func:`iter_batches` pads."""
     offsets = np.concatenate([[0], np.cumsum(lengths)[:-1]]).astype(np.int64)
     parts = [
         offsets[i] + (perm if perm is not None else np.arange(lengths[i]))
@@ -177,7 +177,7 @@ def epoch_indices(
     return idx
 
 
-def iter_blocks(
+def iter_batches(
     root: str,
     pieces: Sequence[Piece],
     columns: Sequence[Column],
@@ -187,19 +187,18 @@ def iter_blocks(
     shard: int,
     first_epoch: int = 0,
 ) -> Iterator[dict[str, np.ndarray]]:
-    """Endless blocks of whole batches, ``{column: array of shape (k, batch_size, ...)}``:
-    one block per piece read (not one Python hand-off per batch). Each pass (epoch) is
-    reshuffled with its own seed and padded to ``ceil(rows / batch_size)`` batches from the
-    pass's own first rows. ``first_epoch``: the pass a resumed job starts at."""
+    """Endless full batches over the shard, pieces decoded ahead in background threads.
+
+    Each pass (epoch) is reshuffled with its own seed and padded to ``ceil(rows /
+    batch_size)`` batches from the pass's own first rows. ``first_epoch``: the pass a
+    resumed job starts at.
+    """
     lengths = [p.stop - p.start for p in pieces]
     steps = math.ceil(sum(lengths) / batch_size)
     epoch = first_epoch
 
     def rows(arrays: dict[str, np.ndarray]) -> int:
         return len(next(iter(arrays.values())))
-
-    def block(arrays: dict[str, np.ndarray], lo: int, hi: int) -> dict[str, np.ndarray]:
-        return {k: v[lo:hi].reshape((-1, batch_size, *v.shape[1:])) for k, v in arrays.items()}
 
     while True:
         plan = pass_plan(lengths, shuffle, seed, shard, epoch)
@@ -216,14 +215,14 @@ def iter_blocks(
                     carry = {k: np.concatenate([carry[k], v[:take]]) for k, v in chunk.items()}
                     start = take
                     if rows(carry) == batch_size:
-                        yield block(carry, 0, batch_size)
+                        yield carry
                         emitted += 1
                         carry = None
                 n = rows(chunk)
                 full = start + (n - start) // batch_size * batch_size
-                if full > start:  # whole batches straight from the piece: views, no copy
-                    yield block(chunk, start, full)
-                    emitted += (full - start) // batch_size
+                for lo in range(start, full, batch_size):  # views into the piece, no copy
+                    yield {k: v[lo : lo + batch_size] for k, v in chunk.items()}
+                    emitted += 1
                 if full < n:
                     rest = {k: v[full:] for k, v in chunk.items()}
                     carry = rest if carry is None else {
@@ -233,24 +232,8 @@ def iter_blocks(
             assert carry is not None and head is not None
             need = batch_size - rows(carry)
             pad = {k: np.resize(v, (need, *v.shape[1:])) for k, v in head.items()}
-            yield block({k: np.concatenate([carry[k], pad[k]]) for k in carry}, 0, batch_size)
+            yield {k: np.concatenate([carry[k], pad[k]]) for k in carry}
         epoch += 1
-
-
-def iter_batches(
-    root: str,
-    pieces: Sequence[Piece],
-    columns: Sequence[Column],
-    batch_size: int,
-    shuffle: bool,
-    seed: int,
-    shard: int,
-    first_epoch: int = 0,
-) -> Iterator[dict[str, np.ndarray]]:
-    """Endless full batches over the shard (:func:`iter_blocks`, one batch at a time)."""
-    for blk in iter_blocks(root, pieces, columns, batch_size, shuffle, seed, shard, first_epoch):
-        for j in range(len(next(iter(blk.values())))):
-            yield {k: v[j] for k, v in blk.items()}
 
 
 def load_shard(
