@@ -6,6 +6,7 @@ Ranks read only through this handle: it holds URLs, row counts and the schema, n
 from __future__ import annotations
 
 import contextlib
+import functools
 import math
 import os
 import shutil
@@ -152,7 +153,7 @@ class PreparedData:
         if in_memory:
             ds = self._memory_dataset(*args)
         elif transform is None:
-            ds = self._block_dataset(*args)
+            ds = self._stream_dataset(*args)
         else:
             ds = self._transform_dataset(*args, transform)
         ds = ds.prefetch(prefetch)
@@ -190,7 +191,7 @@ class PreparedData:
             lambda ix: self._structure({k: tf.gather(t, ix) for k, t in tensors.items()})
         )
 
-    def _block_dataset(
+    def _stream_dataset(
         self, pieces: list[Piece], batch_size: int, shuffle: bool, seed: int, shard: int,
         first_epoch: int,
     ) -> Any:  # fmt: skip
@@ -201,9 +202,14 @@ class PreparedData:
         lengths = [p.stop - p.start for p in pieces]
         need = math.ceil(sum(lengths) / batch_size) * batch_size - sum(lengths)
 
+        # One plan per epoch, not one per piece: a plan holds every piece's permutation.
+        plan_of = functools.lru_cache(maxsize=2)(
+            lambda epoch: pass_plan(lengths, shuffle, seed, shard, epoch)
+        )
+
         def load(epoch: np.ndarray, j: np.ndarray) -> list[np.ndarray]:
             """Piece ``j`` of the pass's plan, unshuffled, and the row order to take."""
-            plan = pass_plan(lengths, shuffle, seed, shard, int(epoch))
+            plan = plan_of(int(epoch))
             if j < len(plan):
                 i, perm = plan[j]
                 rows = read_piece(self.local_path, pieces[i], self.columns)

@@ -105,7 +105,7 @@ def read_piece(root: str, piece: Piece, columns: Sequence[Column]) -> dict[str, 
         ) from exc
 
 
-def read_rows(
+def _read_rows(
     root: str, piece: Piece, columns: Sequence[Column], perm: np.ndarray | None
 ) -> dict[str, np.ndarray]:
     """``read_piece``, rows in ``perm`` order (unchanged when ``perm`` is None)."""
@@ -130,14 +130,14 @@ def _pieces_ahead(
     try:
         todo = iter(plan)
         for i, perm in todo:
-            pending.append(pool.submit(read_rows, root, pieces[i], columns, perm))
+            pending.append(pool.submit(_read_rows, root, pieces[i], columns, perm))
             if len(pending) >= READ_AHEAD:
                 break
         while pending:
             chunk = pending.pop(0).result()
             nxt = next(todo, None)
             if nxt is not None:
-                pending.append(pool.submit(read_rows, root, pieces[nxt[0]], columns, nxt[1]))
+                pending.append(pool.submit(_read_rows, root, pieces[nxt[0]], columns, nxt[1]))
             yield chunk
     finally:  # the consumer stopped early (or failed): drop what is queued, keep no thread
         for f in pending:
