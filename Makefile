@@ -11,7 +11,7 @@ STAMP  := $(VENV)/.hvdrunner-env-stamp
 # Anything that changes what gets installed re-runs the (idempotent) setup.
 ENV_INPUTS := scripts/setup_stack.sh scripts/install_horovod.sh \
               requirements/$(STACK)/tensorflow.txt requirements/$(STACK)/stack.txt \
-              requirements/dev.txt patches/horovod-0.28.1-no-xla-mpi-ops.patch pyproject.toml
+              requirements/dev.txt $(wildcard patches/*.patch) pyproject.toml
 
 export STACK
 export PYSPARK_PYTHON := $(abspath $(PY))

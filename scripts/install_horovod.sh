@@ -14,9 +14,17 @@
 #                           and nvcc is installed)
 #   --print-key             print the wheel cache key (horovod, TF, Python, CUDA, flags) only
 #
-# Flags: TensorFlow + gloo, no MPI/MXNet/PyTorch/JAX. On TensorFlow >= 2.16 the sdist is
-# patched with patches/horovod-0.28.1-no-xla-mpi-ops.patch (see the file for why). The
-# result is checked with horovod's own build facts (TF extension imports, gloo_built());
+#   HVDRUNNER_KEEP_INSTALLED_HOROVOD=1
+#                           keep a horovod 0.28.1 that is already installed but lacks the
+#                           gloo interface patch (e.g. DBR 15.4 LTS ML's): a warning, no
+#                           rebuild; hvdrunner then refuses multi-host jobs on hosts whose
+#                           hostname resolves to loopback, before hvd.init()
+#
+# Flags: TensorFlow + gloo, no MPI/MXNet/PyTorch/JAX. Patches (see each file for why):
+#   patches/horovod-0.28.1-gloo-process-set-iface.patch  always (multi-host gloo)
+#   patches/horovod-0.28.1-no-xla-mpi-ops.patch           TensorFlow >= 2.16
+# The wheel cache key carries a digest of the patches applied. The result is checked with
+# horovod's own build facts (TF extension imports, gloo_built(), the patch's marker);
 # anything missing fails loudly and the cached wheel is dropped.
 set -euo pipefail
 
@@ -26,7 +34,8 @@ HOROVOD_VERSION="0.28.1"
 PY="${PYTHON:?set PYTHON to the interpreter whose environment gets horovod}"
 WHEEL_CACHE="${HVDRUNNER_WHEEL_CACHE:-$HOME/.cache/hvdrunner/wheels}"
 GPU_MODE="${HVDRUNNER_HOROVOD_GPU:-none}"
-PATCH="$ROOT/patches/horovod-$HOROVOD_VERSION-no-xla-mpi-ops.patch"
+XLA_PATCH="$ROOT/patches/horovod-$HOROVOD_VERSION-no-xla-mpi-ops.patch"
+IFACE_PATCH="$ROOT/patches/horovod-$HOROVOD_VERSION-gloo-process-set-iface.patch"
 PIP=("$PY" -m pip --disable-pip-version-check)
 
 say() { printf '==> [horovod %s] %s\n' "$(date +%H:%M:%S)" "$*"; }
@@ -34,9 +43,9 @@ die() { printf 'ERROR: %s\n' "$*" >&2; exit 1; }
 
 horovod_ok() {
   # Ask horovod's own build checks, not the --check-build banner (it claims PyTorch even
-  # when absent).
+  # when absent). Exit 3: usable, but without the gloo interface patch.
   "$PY" - <<'PY'
-import sys
+import importlib.util, sys
 import horovod
 from horovod.common.util import gloo_built
 try:
@@ -45,7 +54,10 @@ except Exception as exc:
     sys.exit(f"horovod {horovod.__version__} has no TensorFlow extension: {exc}")
 if not gloo_built():
     sys.exit(f"horovod {horovod.__version__} was built without gloo")
-print(f"horovod {horovod.__version__}: TensorFlow [X] gloo [X]")
+if importlib.util.find_spec("horovod._hvdrunner_gloo_iface") is None:
+    print(f"horovod {horovod.__version__}: TensorFlow [X] gloo [X] gloo-iface patch [ ]")
+    sys.exit(3)
+print(f"horovod {horovod.__version__}: TensorFlow [X] gloo [X] gloo-iface patch [X]")
 PY
 }
 
@@ -79,16 +91,28 @@ if [ "$GPU_TAG" = "cuda" ]; then
   command -v nvcc >/dev/null 2>&1 || die "HOROVOD GPU build needs nvcc on PATH (CUDA toolkit)."
   GPU_TAG="cuda$(nvcc --version | sed -n 's/.*release \([0-9.]*\).*/\1/p')"
 fi
-PATCH_TAG=""; [ "$NEEDS_PATCH" = "1" ] && PATCH_TAG="-noxla"
-KEY="horovod-$HOROVOD_VERSION-tf$TF_VERSION-py$PYV-$GPU_TAG-gloo-nompi$PATCH_TAG-$(uname -m)"
+PATCHES=("$IFACE_PATCH"); PATCH_TAG=""
+if [ "$NEEDS_PATCH" = "1" ]; then PATCHES+=("$XLA_PATCH"); PATCH_TAG="-noxla"; fi
+for p in "${PATCHES[@]}"; do [ -f "$p" ] || die "the horovod patch $p is missing"; done
+# The patches' own bytes are in the key: an edited patch is a different binary.
+PATCH_SUM="$(cat "${PATCHES[@]}" | sha256sum | cut -c1-10)"
+KEY="horovod-$HOROVOD_VERSION-tf$TF_VERSION-py$PYV-$GPU_TAG-gloo-nompi$PATCH_TAG-p$PATCH_SUM-$(uname -m)"
 DIR="$WHEEL_CACHE/$KEY"
 if [ "${1:-}" = "--print-key" ]; then echo "$KEY"; exit 0; fi
 mkdir -p "$DIR" || die "cannot create the wheel cache $DIR (set HVDRUNNER_WHEEL_CACHE)"
 
 installed="$("$PY" -c 'import importlib.metadata as m; print(m.version("horovod"))' 2>/dev/null || true)"
-if [ "$installed" = "$HOROVOD_VERSION" ] && horovod_ok >/dev/null 2>&1; then
-  say "horovod $HOROVOD_VERSION already installed with TensorFlow and gloo"
-  exit 0
+if [ "$installed" = "$HOROVOD_VERSION" ]; then
+  rc=0; horovod_ok >/dev/null 2>&1 || rc=$?
+  if [ "$rc" = 0 ]; then
+    say "horovod $HOROVOD_VERSION already installed with TensorFlow, gloo and hvdrunner's patches"
+    exit 0
+  elif [ "$rc" = 3 ] && [ "${HVDRUNNER_KEEP_INSTALLED_HOROVOD:-0}" = 1 ]; then
+    say "WARNING: keeping the installed horovod $HOROVOD_VERSION, which lacks $(basename "$IFACE_PATCH"): multi-host jobs need every host's name to resolve to its cluster address (hvdrunner checks before hvd.init())"
+    exit 0
+  elif [ "$rc" = 3 ]; then
+    say "the installed horovod $HOROVOD_VERSION lacks $(basename "$IFACE_PATCH") (multi-host gloo): replacing it"
+  fi
 fi
 "${PIP[@]}" install -q cloudpickle psutil pyyaml packaging cffi
 if ls "$DIR"/horovod-*.whl >/dev/null 2>&1; then
@@ -108,11 +132,10 @@ else
   "${PIP[@]}" download -q --no-binary :all: --no-deps -d "$tmp" "horovod==$HOROVOD_VERSION"
   tar -xzf "$tmp"/horovod-"$HOROVOD_VERSION".tar.gz -C "$tmp"
   src="$tmp/horovod-$HOROVOD_VERSION"
-  if [ "$NEEDS_PATCH" = "1" ]; then
-    [ -f "$PATCH" ] || die "TensorFlow $TF_VERSION needs $PATCH, which is missing"
-    say "TensorFlow $TF_VERSION >= 2.16: applying $(basename "$PATCH")"
-    (cd "$src" && patch -p1 --forward --quiet < "$PATCH") || die "the horovod patch did not apply"
-  fi
+  for p in "${PATCHES[@]}"; do
+    say "applying $(basename "$p")"
+    (cd "$src" && patch -p1 --forward --quiet < "$p") || die "the horovod patch $(basename "$p") did not apply"
+  done
   say "building $KEY (minutes: ~3 on 2 cores for TF 2.15, ~10-15 for TF 2.21); log: $DIR/build.log"
   # A heartbeat while the compiler runs, so a long build never looks hung.
   ( while sleep 60; do say "... still compiling horovod"; done ) &

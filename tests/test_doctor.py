@@ -126,3 +126,23 @@ def test_doctor_fails_loudly_where_the_stack_is_missing(tmp_path):
     assert "[ ] horovod: not installed" in proc.stdout
     assert "fix: rebuild horovod" in proc.stdout
     assert "required check(s) failed" in proc.stdout
+
+
+def test_doctor_reports_this_hosts_multihost_readiness():
+    proc = subprocess.run([sys.executable, "-m", "hvdrunner", "doctor"], capture_output=True,
+                          text=True, timeout=300)  # fmt: skip
+    # the horovod of this stack is hvdrunner's build: patched, whatever the hostname does
+    assert "[x] multi-host gloo (hostname, horovod's gloo interface patch):" in proc.stdout
+    assert "horovod patched" in proc.stdout
+
+
+def test_multihost_check_fails_only_for_loopback_name_with_unpatched_horovod():
+    from hvdrunner.doctor import multihost_check
+    from hvdrunner.multihost import HostFacts
+
+    broken = multihost_check(HostFacts("node7", "127.0.1.1", False, "0.28.1"))
+    assert broken.ok is False and not broken.required  # single-host jobs still work
+    assert "Host node7" in broken.detail and "127.0.1.1" in broken.detail
+    assert multihost_check(HostFacts("node7", "127.0.1.1", True, "0.28.1")).ok is True
+    assert multihost_check(HostFacts("node7", "10.0.0.7", False, "0.28.1")).ok is True
+    assert multihost_check(HostFacts("node7", None, None, None)).ok is None

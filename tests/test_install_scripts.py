@@ -3,7 +3,10 @@
 
 from __future__ import annotations
 
+import importlib.util
 import os
+import re
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -41,7 +44,41 @@ def test_cache_key_names_everything_the_binary_depends_on(tmp_path):
 def test_builder_with_horovod_in_place_only_checks(tmp_path):
     proc = _run(BUILDER, {"PYTHON": sys.executable, "HVDRUNNER_WHEEL_CACHE": str(tmp_path)})
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    assert "already installed with TensorFlow and gloo" in proc.stdout
+    assert "already installed with TensorFlow, gloo and hvdrunner's patches" in proc.stdout
+
+
+def test_cache_key_carries_a_digest_of_the_patches(tmp_path):
+    # A copy of the builder with one patch edited must not reuse the original's wheels.
+    env = {"PYTHON": sys.executable, "HVDRUNNER_WHEEL_CACHE": str(tmp_path / "c")}
+    key = _run(BUILDER, env, "--print-key").stdout.strip()
+    copy = tmp_path / "repo"
+    shutil.copytree(ROOT / "scripts", copy / "scripts")
+    shutil.copytree(ROOT / "patches", copy / "patches")
+    patch = copy / "patches" / "horovod-0.28.1-gloo-process-set-iface.patch"
+    patch.write_text(patch.read_text().replace("global_context.gloo_iface_;", "std::string();"))
+    edited = _run(copy / "scripts" / "install_horovod.sh", env, "--print-key").stdout.strip()
+    assert re.search(r"-p[0-9a-f]{10}-", key) and edited != key
+    assert edited.split("-p")[0] == key.split("-p")[0]  # only the digest differs
+
+
+def test_an_installed_horovod_without_the_iface_patch_is_replaced_or_kept_loudly(tmp_path):
+    # As on DBR 15.4 LTS ML: horovod 0.28.1 works but lacks the patch (its marker module).
+    from hvdrunner.multihost import MARKER_MODULE
+
+    spec = importlib.util.find_spec(MARKER_MODULE)
+    assert spec is not None and spec.origin
+    marker = Path(spec.origin)
+    away = marker.with_suffix(".hidden-by-test")
+    marker.rename(away)
+    try:
+        env = {"PYTHON": sys.executable, "HVDRUNNER_WHEEL_CACHE": str(tmp_path),
+               "HVDRUNNER_KEEP_INSTALLED_HOROVOD": "1"}  # fmt: skip
+        kept = _run(BUILDER, env)
+    finally:
+        away.rename(marker)
+    assert kept.returncode == 0, kept.stdout + kept.stderr
+    assert "WARNING: keeping the installed horovod 0.28.1, which lacks" in kept.stdout
+    assert "hvdrunner checks before hvd.init()" in kept.stdout
 
 
 def test_builder_fails_loudly_without_tensorflow(tmp_path):

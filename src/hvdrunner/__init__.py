@@ -7,7 +7,7 @@ Example:
 
 from hvdrunner._logging import log_to_driver
 from hvdrunner.distributed import is_rank0, on_rank0, rank0_first
-from hvdrunner.errors import HorovodRunnerError
+from hvdrunner.errors import HorovodRunnerError, MultiHostSetupError
 from hvdrunner.runner import HorovodRunner
 
 __version__ = "0.1.0"
@@ -15,6 +15,7 @@ __version__ = "0.1.0"
 __all__ = [
     "HorovodRunner",
     "HorovodRunnerError",
+    "MultiHostSetupError",
     "is_rank0",
     "log_to_driver",
     "on_rank0",

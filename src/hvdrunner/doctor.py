@@ -13,6 +13,8 @@ import shutil
 from dataclasses import dataclass
 from typing import Any
 
+from hvdrunner import multihost
+
 
 @dataclass(frozen=True)
 class Check:
@@ -171,6 +173,20 @@ def evaluate_stack(
     return checks
 
 
+def multihost_check(facts: multihost.HostFacts) -> Check:
+    """Whether this host can run ranks of a multi-host job. Pure: tests feed it facts."""
+    name = "multi-host gloo (hostname, horovod's gloo interface patch)"
+    if facts.patched is None:
+        return Check(name, None, "horovod not installed", required=False)
+    resolves = f"{facts.hostname} resolves to {facts.address or 'nothing'}"
+    if not facts.broken:
+        patch = "patched" if facts.patched else "unpatched, fine while hostnames resolve"
+        return Check(name, True, f"{resolves}; horovod {patch}", required=False)
+    return Check(name, False, multihost.problem(facts),
+                 "install the horovod hvdrunner builds, or fix /etc/hosts (see above); "
+                 "single-host jobs are not affected", required=False)  # fmt: skip
+
+
 def environment_checks(master: str | None) -> list[Check]:
     """Java, GPUs, MLflow tracking URI and, with ``master``, Spark's task slots."""
     from hvdrunner.distributed import host_gpus
@@ -229,7 +245,10 @@ def run_doctor(master: str | None = None, quiet: bool = False) -> int:
         )
     }
     checks = (
-        evaluate_build(collect_build_info()) + evaluate_stack(versions) + environment_checks(master)
+        evaluate_build(collect_build_info())
+        + [multihost_check(multihost.host_facts())]
+        + evaluate_stack(versions)
+        + environment_checks(master)
     )
     failed = 0
     for c in checks:
@@ -237,9 +256,9 @@ def run_doctor(master: str | None = None, quiet: bool = False) -> int:
         bad = c.ok is False and c.required
         if bad or not quiet:
             print(f"{mark} {c.name}: {c.detail}")
-        if bad:
-            failed += 1
+        if c.ok is False and (bad or not quiet):
             print(f"      fix: {c.fix}")
+        failed += bad
     print(
         f"{'' if quiet else chr(10)}{'OK' if not failed else f'{failed} required check(s) failed'}"
     )

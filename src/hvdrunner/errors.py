@@ -41,3 +41,9 @@ class HorovodRunnerError(RuntimeError):
                 + "\n".join(self.output_tail)
             )
         super().__init__("\n".join(parts))
+
+
+class MultiHostSetupError(RuntimeError):
+    """A host cannot take part in a job that spans several hosts (raised before its ranks
+    start): e.g. its hostname resolves to loopback and horovod lacks hvdrunner's gloo
+    interface patch. The message names the host, the cause and the fixes."""

@@ -1,158 +1,337 @@
-"""A real Spark standalone cluster whose two workers are two "hosts": each worker runs in
-its own Linux network namespace with its own interface and address on a test bridge (the
-master and the driver stay in this namespace). Runs HorovodRunner(np=4) on it and prints one
-JSON line with what every rank was given (host grouping, interface). It stops before
-hvd.init(): gloo's own connections between namespaces failed here (a peer advertised
-127.0.0.1), an open item. Needs root and `ip`; exits 3 (skip) where namespaces
-cannot be made. Everything it creates is removed at exit.
+"""A real multi-host Spark standalone cluster on one machine, for tests and benchmarks.
 
-    python tests/helpers/netns_cluster.py
+Each host is a Linux network namespace with its own veth interface, address, hostname
+(``unshare --uts``) and ``/etc/hosts`` (``ip netns exec`` bind-mounts
+``/etc/netns/<ns>/hosts``), running one Spark standalone worker; the master and the driver
+stay in this namespace on a bridge. Two name modes:
+
+- ``resolving``: each host's name resolves to its own cluster address (a well-set cluster);
+- ``loopback``: each host's name resolves to 127.0.1.1, as Debian's installer and
+  cloud-init's Debian/Ubuntu template write it (the case that breaks unpatched horovod).
+
+Optional link shaping per host (``tc netem``: delay, rate) for benchmarks. Everything it
+creates (namespaces, links, /etc/netns entries, processes in the namespaces, the work dir)
+is removed by :meth:`NetnsCluster.stop`, at interpreter exit, on SIGTERM, and by
+:func:`sweep` for the leftovers of a run that was SIGKILLed (its owner pid is in every name).
+
+    with NetnsCluster(hosts=2, mode="loopback") as cluster:
+        spark = local_session(cluster.master_url, **cluster.driver_conf())
+        ...
+        cluster.kill_host(1)        # the machine dies: every process in it, SIGKILL
+        cluster.restart_worker(1)   # it comes back
+
+Needs root and iproute2; :func:`unavailable` says why not where they are missing.
 """
 
 from __future__ import annotations
 
 import atexit
-import json
+import contextlib
 import os
+import re
 import shutil
+import signal
 import socket
 import subprocess
 import sys
 import tempfile
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
 
-PREFIX = f"hvt{os.getpid() % 10000}"
-BRIDGE = f"{PREFIX}br"
-SUBNET = "10.231.{n}.{h}"
-NET = os.getpid() % 200 + 20  # a per-run /24 inside 10.231.0.0/16: parallel runs never clash
-MASTER_IP = SUBNET.format(n=NET, h=1)
-HOSTS = [SUBNET.format(n=NET, h=h) for h in (2, 3)]
-_procs: list[subprocess.Popen[bytes]] = []
+MODES = ("resolving", "loopback")
+_NAME = re.compile(r"^hvt(\d+)(?:h\d+|br|v\d+|p\d+)$")
+_ETC_NETNS = Path("/etc/netns")
 
 
-def sh(*cmd: str) -> None:
-    subprocess.run(cmd, check=True, capture_output=True, timeout=30)
+def sh(*cmd: str, check: bool = True) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(cmd, check=check, capture_output=True, text=True, timeout=30)
 
 
-def teardown() -> None:
-    for p in _procs:
-        p.terminate()
-    for p in _procs:
+def unavailable() -> str | None:
+    """Why network-namespace hosts cannot be made here, or None when they can."""
+    if os.geteuid() != 0:
+        return "needs root to make network namespaces"
+    for tool in ("ip", "unshare", "nsenter"):
+        if shutil.which(tool) is None:
+            return f"needs {tool} (iproute2 / util-linux)"
+    probe = f"hvt{os.getpid()}h99"
+    made = sh("ip", "netns", "add", probe, check=False)
+    sh("ip", "netns", "del", probe, check=False)
+    return None if made.returncode == 0 else f"ip netns add refused: {made.stderr.strip()}"
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def _kill_namespace_processes(ns: str) -> None:
+    pids = sh("ip", "netns", "pids", ns, check=False).stdout.split()
+    for pid in pids:
+        with contextlib.suppress(ProcessLookupError, ValueError):
+            os.kill(int(pid), signal.SIGKILL)
+
+
+def sweep(owner: int | None = None) -> list[str]:
+    """Remove the namespaces, links and /etc/netns entries of dead owners (or of ``owner``).
+
+    Returns what it removed. Safe to call any time: a live owner's cluster is left alone.
+    """
+    def doomed(name: str) -> bool:
+        m = _NAME.match(name)
+        return bool(m) and (int(m.group(1)) == owner if owner else not _alive(int(m.group(1))))
+
+    removed = []
+    for line in sh("ip", "netns", "list", check=False).stdout.splitlines():
+        ns = line.split()[0] if line.split() else ""
+        if doomed(ns):
+            _kill_namespace_processes(ns)
+            sh("ip", "netns", "del", ns, check=False)
+            removed.append(ns)
+    for line in sh("ip", "-o", "link", "show", check=False).stdout.splitlines():
+        name = line.split(":")[1].strip().split("@")[0] if ":" in line else ""
+        if doomed(name):
+            sh("ip", "link", "del", name, check=False)
+            removed.append(name)
+    if _ETC_NETNS.is_dir():
+        for entry in _ETC_NETNS.iterdir():
+            if doomed(entry.name):
+                shutil.rmtree(entry, ignore_errors=True)
+                removed.append(str(entry))
+    return removed
+
+
+@dataclass(frozen=True)
+class Shape:
+    """Link shaping for every host's link, both directions (``tc netem``)."""
+
+    delay_ms: float | None = None
+    rate_mbit: float | None = None
+
+    def netem_args(self) -> list[str]:
+        args = []
+        if self.delay_ms:
+            args += ["delay", f"{self.delay_ms}ms"]
+        if self.rate_mbit:
+            args += ["rate", f"{self.rate_mbit}mbit"]
+        return args
+
+
+@dataclass
+class Host:
+    index: int
+    ns: str
+    name: str  # its hostname
+    addr: str
+    outer: str  # veth end on the bridge (this namespace)
+    inner: str  # veth end inside the host
+    worker: subprocess.Popen[bytes] | None = field(default=None, repr=False)
+
+
+class NetnsCluster:
+    """N hosts (network namespaces), one Spark standalone worker each; see the module doc."""
+
+    def __init__(
+        self,
+        hosts: int = 2,
+        mode: str = "resolving",
+        cores: int = 2,
+        memory: str = "2g",
+        shape: Shape | None = None,
+    ) -> None:
+        if mode not in MODES:
+            raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
+        pid = os.getpid()
+        self.prefix = f"hvt{pid}"
+        self.mode = mode
+        self.cores = cores
+        self.memory = memory
+        self.shape = shape
+        net = pid % 200 + 20  # a per-owner /24 inside 10.231.0.0/16
+        self.master_ip = f"10.231.{net}.1"
+        self.bridge = f"{self.prefix}br"
+        self.hosts = [
+            Host(i, f"{self.prefix}h{i}", f"{self.prefix}-h{i}", f"10.231.{net}.{i + 2}",
+                 f"{self.prefix}v{i}", f"{self.prefix}p{i}")  # fmt: skip
+            for i in range(hosts)
+        ]
+        self.work = tempfile.mkdtemp(prefix="hvd-netns-")
+        self.master_url = ""
+        self._master: subprocess.Popen[bytes] | None = None
+        self._stopped = False
+
+    # -- lifecycle -----------------------------------------------------------------------
+    def __enter__(self) -> NetnsCluster:
+        self.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    def start(self) -> NetnsCluster:
+        sweep()  # leftovers of SIGKILLed runs
+        atexit.register(self.stop)
+        if signal.getsignal(signal.SIGTERM) is signal.SIG_DFL:
+            # SIGTERM (a CI timeout, a cancelled job) must still run stop().
+            signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
         try:
-            p.wait(timeout=15)
-        except subprocess.TimeoutExpired:
-            p.kill()
-    for i in range(len(HOSTS)):
-        subprocess.run(["ip", "netns", "del", f"{PREFIX}h{i}"], capture_output=True)
-        subprocess.run(["ip", "link", "del", f"{PREFIX}v{i}"], capture_output=True)
-    subprocess.run(["ip", "link", "del", BRIDGE], capture_output=True)
+            self._make_network()
+            self._start_master()
+            for host in self.hosts:
+                self.start_worker(host.index)
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def stop(self) -> None:
+        if self._stopped:
+            return
+        self._stopped = True
+        for host in self.hosts:
+            _kill_namespace_processes(host.ns)
+            if host.worker is not None:
+                with contextlib.suppress(subprocess.TimeoutExpired):
+                    host.worker.wait(timeout=10)
+        if self._master is not None:
+            self._master.terminate()
+            try:
+                self._master.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                self._master.kill()
+        sweep(owner=os.getpid())
+        shutil.rmtree(self.work, ignore_errors=True)
+
+    # -- network -------------------------------------------------------------------------
+    def _hosts_file(self, host: Host) -> str:
+        lines = ["127.0.0.1 localhost", "::1 localhost ip6-localhost"]
+        own = "127.0.1.1" if self.mode == "loopback" else host.addr
+        lines.append(f"{own} {host.name}")
+        lines += [f"{h.addr} {h.name}" for h in self.hosts if h is not host]
+        return "\n".join(lines) + "\n"
+
+    def _make_network(self) -> None:
+        sh("ip", "link", "add", self.bridge, "type", "bridge")
+        sh("ip", "addr", "add", f"{self.master_ip}/24", "dev", self.bridge)
+        sh("ip", "link", "set", self.bridge, "up")
+        for h in self.hosts:
+            etc = _ETC_NETNS / h.ns
+            etc.mkdir(parents=True, exist_ok=True)
+            (etc / "hosts").write_text(self._hosts_file(h))
+            sh("ip", "netns", "add", h.ns)
+            sh("ip", "link", "add", h.outer, "type", "veth", "peer", "name", h.inner)
+            sh("ip", "link", "set", h.inner, "netns", h.ns)
+            sh("ip", "link", "set", h.outer, "master", self.bridge)
+            sh("ip", "link", "set", h.outer, "up")
+            self.in_host(h.index, "ip", "addr", "add", f"{h.addr}/24", "dev", h.inner)
+            self.in_host(h.index, "ip", "link", "set", h.inner, "up")
+            self.in_host(h.index, "ip", "link", "set", "lo", "up")
+            if self.shape is not None and self.shape.netem_args():
+                netem = self.shape.netem_args()
+                sh("tc", "qdisc", "add", "dev", h.outer, "root", "netem", *netem)
+                self.in_host(h.index, "tc", "qdisc", "add", "dev", h.inner, "root", "netem", *netem)
+
+    def in_host(self, i: int, *cmd: str) -> subprocess.CompletedProcess[str]:
+        return sh("ip", "netns", "exec", self.hosts[i].ns, *cmd)
+
+    # -- Spark ---------------------------------------------------------------------------
+    @staticmethod
+    def spark_class() -> str:
+        import pyspark
+
+        return os.path.join(os.path.dirname(pyspark.__file__), "bin", "spark-class")
+
+    def _free_port(self) -> int:
+        with socket.socket() as s:
+            s.bind((self.master_ip, 0))
+            return int(s.getsockname()[1])
+
+    def _start_master(self) -> None:
+        env = dict(os.environ, SPARK_LOCAL_IP=self.master_ip, SPARK_LOG_DIR=self.work)
+        port, ui = self._free_port(), self._free_port()
+        log = open(os.path.join(self.work, "master.log"), "ab")  # noqa: SIM115 - lives with the process
+        self._master = subprocess.Popen(
+            [self.spark_class(), "org.apache.spark.deploy.master.Master", "--host",
+             self.master_ip, "--port", str(port), "--webui-port", str(ui)],
+            env=env, stdout=log, stderr=log)  # fmt: skip
+        _wait_for_port(self.master_ip, port)
+        self.master_url = f"spark://{self.master_ip}:{port}"
+
+    def start_worker(self, i: int) -> None:
+        """Start host ``i``'s worker (under its own hostname), e.g. after :meth:`kill_host`."""
+        h = self.hosts[i]
+        wdir = os.path.join(self.work, f"worker{i}")
+        os.makedirs(wdir, exist_ok=True)
+        env = dict(os.environ, SPARK_LOCAL_IP=h.addr, SPARK_WORKER_DIR=wdir, SPARK_LOG_DIR=wdir)
+        log = open(os.path.join(self.work, f"worker{i}.log"), "ab")  # noqa: SIM115
+        # One pid all the way: ip netns exec -> unshare -> sh -> spark-class -> java.
+        h.worker = subprocess.Popen(
+            ["ip", "netns", "exec", h.ns, "unshare", "--uts", "--", "sh", "-c",
+             'hostname "$0" && exec "$@"', h.name, self.spark_class(),
+             "org.apache.spark.deploy.worker.Worker", "--host", h.addr, "--cores",
+             str(self.cores), "--memory", self.memory, "--webui-port", "0", self.master_url],
+            env=env, stdout=log, stderr=log)  # fmt: skip
+
+    def driver_conf(self, executor_memory: str = "1g") -> dict[str, str]:
+        """Spark conf for a driver in this namespace using every host's cores."""
+        return {
+            "spark.driver.host": self.master_ip,
+            "spark.driver.bindAddress": self.master_ip,
+            "spark.executor.cores": str(self.cores),
+            "spark.cores.max": str(self.cores * len(self.hosts)),
+            "spark.executor.memory": executor_memory,
+            "spark.executorEnv.PYTHONPATH": os.pathsep.join(p for p in sys.path if p),
+        }
+
+    def wait_for_executors(self, sc: object, n: int | None = None, timeout: float = 120) -> None:
+        """Block until ``n`` (default: one per host) executors registered with ``sc``."""
+        want = len(self.hosts) if n is None else n
+        deadline = time.monotonic() + timeout
+        jsc = sc._jsc.sc()  # type: ignore[attr-defined]
+        while jsc.getExecutorMemoryStatus().size() - 1 < want:  # minus the driver
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"{want} executors did not register in {timeout:g}s")
+            time.sleep(0.5)
+
+    # -- faults --------------------------------------------------------------------------
+    def pids(self, i: int) -> list[int]:
+        """Every process running in host ``i``."""
+        return [int(p) for p in sh("ip", "netns", "pids", self.hosts[i].ns).stdout.split()]
+
+    def kill_host(self, i: int) -> None:
+        """Host ``i`` dies: SIGKILL every process in it (worker, executor, ranks)."""
+        _kill_namespace_processes(self.hosts[i].ns)
+        worker = self.hosts[i].worker
+        if worker is not None:
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                worker.wait(timeout=10)
+
+    def cut_link(self, i: int) -> None:
+        """Host ``i`` drops off the network (its processes keep running)."""
+        sh("ip", "link", "set", self.hosts[i].outer, "down")
+
+    def restore_link(self, i: int) -> None:
+        sh("ip", "link", "set", self.hosts[i].outer, "up")
+
+    def hide_path(self, i: int, path: str) -> None:
+        """From now on host ``i`` sees an empty ``path`` (e.g. a share not mounted there)."""
+        worker = self.hosts[i].worker
+        assert worker is not None, "hide_path needs the host's worker running"
+        sh("nsenter", f"--target={worker.pid}", "--mount", "mount", "-t", "tmpfs", "tmpfs", path)
 
 
-def make_network() -> None:
-    sh("ip", "link", "add", BRIDGE, "type", "bridge")
-    sh("ip", "addr", "add", f"{MASTER_IP}/24", "dev", BRIDGE)
-    sh("ip", "link", "set", BRIDGE, "up")
-    for i, addr in enumerate(HOSTS):
-        ns, outer, inner = f"{PREFIX}h{i}", f"{PREFIX}v{i}", f"{PREFIX}p{i}"
-        sh("ip", "netns", "add", ns)
-        sh("ip", "link", "add", outer, "type", "veth", "peer", "name", inner)
-        sh("ip", "link", "set", inner, "netns", ns)
-        sh("ip", "link", "set", outer, "master", BRIDGE)
-        sh("ip", "link", "set", outer, "up")
-        sh("ip", "netns", "exec", ns, "ip", "addr", "add", f"{addr}/24", "dev", inner)
-        sh("ip", "netns", "exec", ns, "ip", "link", "set", inner, "up")
-        sh("ip", "netns", "exec", ns, "ip", "link", "set", "lo", "up")
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind((MASTER_IP, 0))
-        return int(s.getsockname()[1])
-
-
-def spark_class() -> str:
-    import pyspark
-
-    return os.path.join(os.path.dirname(pyspark.__file__), "bin", "spark-class")
-
-
-def wait_for_port(ip: str, port: int, timeout: float = 60) -> None:
+def _wait_for_port(ip: str, port: int, timeout: float = 60) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         with socket.socket() as s:
             s.settimeout(1)
             if s.connect_ex((ip, port)) == 0:
                 return
-        time.sleep(0.5)
+        time.sleep(0.3)
     raise RuntimeError(f"nothing listens on {ip}:{port} after {timeout}s")
-
-
-def start_cluster(work: str) -> str:
-    env = dict(os.environ, SPARK_LOCAL_IP=MASTER_IP, SPARK_LOG_DIR=work)
-    port, ui = free_port(), free_port()
-    log = open(os.path.join(work, "master.log"), "wb")  # noqa: SIM115 - lives with the process
-    _procs.append(subprocess.Popen(
-        [spark_class(), "org.apache.spark.deploy.master.Master", "--host", MASTER_IP,
-         "--port", str(port), "--webui-port", str(ui)], env=env, stdout=log, stderr=log))  # fmt: skip
-    wait_for_port(MASTER_IP, port)
-    url = f"spark://{MASTER_IP}:{port}"
-    for i, addr in enumerate(HOSTS):
-        wdir = os.path.join(work, f"worker{i}")
-        os.makedirs(wdir)
-        wenv = dict(env, SPARK_LOCAL_IP=addr, SPARK_WORKER_DIR=wdir)
-        wlog = open(os.path.join(work, f"worker{i}.log"), "wb")  # noqa: SIM115
-        _procs.append(subprocess.Popen(
-            ["ip", "netns", "exec", f"{PREFIX}h{i}", spark_class(),
-             "org.apache.spark.deploy.worker.Worker", "--host", addr, "--cores", "2",
-             "--memory", "2g", "--webui-port", "0", url], env=wenv, stdout=wlog, stderr=wlog))  # fmt: skip
-    return url
-
-
-def report(out_dir: str) -> None:
-    """What this rank was given: Horovod's host grouping and the network interface."""
-    keys = ("HOROVOD_RANK", "HOROVOD_LOCAL_RANK", "HOROVOD_LOCAL_SIZE", "HOROVOD_CROSS_RANK",
-            "HOROVOD_CROSS_SIZE", "HOROVOD_HOSTNAME", "HOROVOD_GLOO_IFACE")  # fmt: skip
-    seen = {k: os.environ.get(k) for k in keys}
-    seen["netns"] = os.readlink("/proc/self/ns/net")
-    with open(os.path.join(out_dir, f"rank-{seen['HOROVOD_RANK']}.json"), "w") as f:
-        json.dump(seen, f)
-
-
-def main() -> int:
-    if os.geteuid() != 0 or shutil.which("ip") is None:
-        print("SKIP needs root and iproute2 (ip) to make network namespaces")
-        return 3
-    atexit.register(teardown)
-    try:
-        make_network()
-    except subprocess.CalledProcessError as exc:
-        print(f"SKIP network namespaces not permitted here: {exc.stderr.decode().strip()}")
-        return 3
-    work = tempfile.mkdtemp(prefix="hvd-netns-")
-    url = start_cluster(work)
-    from hvdrunner import HorovodRunner
-    from hvdrunner.spark import local_session
-
-    spark = local_session(url, app_name="hvdrunner-netns", **{
-        "spark.driver.host": MASTER_IP, "spark.driver.bindAddress": MASTER_IP,
-        "spark.executor.cores": "2", "spark.cores.max": "4", "spark.executor.memory": "1g",
-        "spark.executorEnv.PYTHONPATH": os.pathsep.join(p for p in sys.path if p),
-    })  # fmt: skip
-    deadline = time.monotonic() + 120
-    while spark.sparkContext._jsc.sc().getExecutorMemoryStatus().size() < 3:  # 2 + driver
-        if time.monotonic() > deadline:
-            raise RuntimeError("the two workers' executors did not register in 120 s")
-        time.sleep(1)
-    out = os.path.join(work, "ranks")
-    os.makedirs(out)
-    HorovodRunner(np=4, start_timeout=120).run(report, out_dir=out)
-    ranks = [json.loads(Path(out, n).read_text()) for n in sorted(os.listdir(out))]
-    print("RESULT " + json.dumps({"ranks": ranks, "prefix": PREFIX}), flush=True)
-    spark.stop()
-    shutil.rmtree(work, ignore_errors=True)
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -37,8 +37,16 @@ class _Conn:
         self.partition: int | None = None
         self.host: str | None = None
         self.address: str | None = None
+        self.hostname: str | None = None  # the host's own name and its address towards us
+        self.ip: str | None = None
         self.rank: int | None = None
         self.exited = False
+        self.lost = False  # disconnected before its exit report
+
+    def where(self) -> str:
+        """``host (ip)`` for messages."""
+        name = self.hostname or self.address or "an unknown host"
+        return f"{name} ({self.ip})" if self.ip and self.ip != name else name
 
 
 class DriverService:
@@ -122,6 +130,7 @@ class DriverService:
         for conn in registered:
             by_host.setdefault(str(conn.host), []).append(conn)
         hosts = [HostInfo(h, len(cs)) for h, cs in by_host.items()]
+        num_hosts = str(len(by_host))
         plan = get_host_assignments(hosts, self.np)
         rendezvous = RendezvousServer()
         rendezvous_port = rendezvous.start()
@@ -140,6 +149,7 @@ class DriverService:
                         "HOROVOD_GLOO_RENDEZVOUS_PORT": str(rendezvous_port),
                         "HOROVOD_CONTROLLER": "gloo",
                         "HOROVOD_CPU_OPERATIONS": "gloo",
+                        protocol.NUM_HOSTS_ENV: num_hosts,
                     }
                 )
                 conn.channel.send("assign", env)
@@ -236,6 +246,7 @@ class DriverService:
             if kind == "register":
                 conn.partition, conn.host = payload["partition"], payload["host"]
                 conn.address = payload.get("address")
+                conn.hostname, conn.ip = payload.get("hostname"), payload.get("ip")
                 registered.append(conn)
                 if len(registered) == self.np:
                     self._assign(registered)
@@ -256,15 +267,17 @@ class DriverService:
                 elif payload["rank"] == 0:
                     rank0_done = time.monotonic()
             elif kind == "disconnect" and not conn.exited and conn.rank is not None:
-                failure = HorovodRunnerError(
-                    f"Lost contact with rank {conn.rank} on {conn.address} before it "
-                    f"finished: its Spark task or executor died (see the executor's log).",
-                    rank=conn.rank,
-                )
+                conn.lost = True
+                failure = self._lost_failure()
         if failure is not None or failed_report is not None:
             self.abort()
             self._drain_exits(exits, emit)
-            if failed_report is not None:  # now knowing every rank's exit: name the cause
+            # Now knowing every rank's fate, name the real cause first: a lost host makes
+            # its peers fail too (gloo connection reset), so it outranks their reports.
+            lost = self._lost_failure()
+            if lost is not None:
+                failure = lost
+            elif failed_report is not None:
                 failure = _rank_failure(failed_report, self._scrub, exits)
             assert failure is not None
             raise failure
@@ -283,18 +296,54 @@ class DriverService:
     def _scrub(self, text: str) -> str:
         return scrub(text, self._secrets)
 
+    def _lost_failure(self) -> HorovodRunnerError | None:
+        """The error naming every host (or rank) whose supervisor vanished before its exit."""
+        with self._lock:
+            conns = [c for c in self._conns.values() if c.rank is not None]
+        lost = [c for c in conns if c.lost]
+        if not lost:
+            return None
+        parts = []
+        for host in dict.fromkeys(c.host for c in lost):
+            ranks = sorted(int(c.rank) for c in lost if c.host == host)  # type: ignore[arg-type]
+            whole = len(ranks) == sum(1 for c in conns if c.host == host)
+            where = next(c for c in lost if c.host == host).where()
+            parts.append(
+                f"host {where} with rank(s) {ranks}" if whole else f"rank(s) {ranks} on {where}"
+            )
+        first = min(lost, key=lambda c: int(c.rank))  # type: ignore[arg-type]
+        return HorovodRunnerError(
+            f"Lost {'; '.join(parts)} before they finished: the connection to their Spark "
+            f"task(s) dropped without an exit report, so the machine, its executor or its "
+            f"network went away (see that executor's log and the cluster's event log). The "
+            f"other ranks were stopped; rerun with the same checkpoint_dir to resume.",
+            rank=first.rank,
+        )
+
     def _drain_exits(self, exits: dict[int, dict[str, Any]], emit: Callable[[str], None]) -> None:
         """After an abort, wait briefly so the other ranks are reaped before we return."""
         deadline = time.monotonic() + ABORT_WAIT_S
-        with self._lock:
-            expected = sum(1 for c in self._conns.values() if c.rank is not None)
-        while len(exits) < expected and time.monotonic() < deadline:
+
+        def outstanding() -> int:
+            with self._lock:
+                ranked = [c for c in self._conns.values() if c.rank is not None]
+            return sum(1 for c in ranked if c.rank not in exits and not c.lost)
+
+        while outstanding() and time.monotonic() < deadline:
             try:
-                _, kind, payload = self._events.get(timeout=0.1)
+                cid, kind, payload = self._events.get(timeout=0.1)
             except queue.Empty:
                 continue
             if kind == "exit":
                 exits[payload["rank"]] = payload
+                with self._lock:
+                    if cid in self._conns:
+                        self._conns[cid].exited = True
+            elif kind == "disconnect":
+                with self._lock:
+                    conn = self._conns.get(cid)
+                if conn is not None and not conn.exited and conn.rank is not None:
+                    conn.lost = True
             else:
                 _show_output(kind, payload, emit)
 
@@ -365,8 +414,8 @@ def _rank_failure(
         err = {k: scrub(v) if isinstance(v, str) else v for k, v in err.items()}
     if err:
         summary = (
-            f"{cause}Rank {rank} failed with {err['type']}: {_clip(err['message'])}. "
-            f"The other ranks were stopped."
+            f"{cause}Rank {rank} failed with {err['type']}: "
+            f"{_clip(err['message']).rstrip().rstrip('.')}. The other ranks were stopped."
         )
         return HorovodRunnerError(
             summary,

@@ -24,6 +24,9 @@ _NONCE_BYTES = 32
 MAX_FRAME_BYTES = 4 * 1024**3
 
 
+#: Set by the driver in each rank's environment: how many hosts the job spans.
+NUM_HOSTS_ENV = "HVDRUNNER_NUM_HOSTS"
+
 class ProtocolError(RuntimeError):
     """The peer closed the connection, sent garbage, or failed authentication."""
 

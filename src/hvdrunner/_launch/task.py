@@ -14,6 +14,7 @@ from dataclasses import dataclass
 
 import psutil
 
+from hvdrunner import multihost
 from hvdrunner._launch import protocol
 from hvdrunner._launch.supervisor import RankSupervisor
 from hvdrunner.distributed import cuda_visible_devices, host_gpus
@@ -74,9 +75,13 @@ def _rank_env(
     # task address is only a fallback: it can be the connection's source (127.0.0.1) for
     # executors of a standalone cluster.
     try:
-        iface = interface_for(local_ip_towards(spec.driver_addr, spec.driver_port))
+        ip = local_ip_towards(spec.driver_addr, spec.driver_port)
+        iface = interface_for(ip)
     except (OSError, RuntimeError):
-        iface = interface_for(address)
+        ip, iface = address, interface_for(address)
+    # Before the rank exists: an unpatched horovod on a host whose name resolves to
+    # loopback would abort every rank in hvd.init() (SIGABRT) once peers are elsewhere.
+    multihost.check_host(int(assigned.get(protocol.NUM_HOSTS_ENV, "1")), cluster_ip=ip, iface=iface)
     env["HOROVOD_GLOO_IFACE"] = iface
     env["NCCL_SOCKET_IFNAME"] = iface
     gpus = cuda_visible_devices(
@@ -107,7 +112,13 @@ def run_slot(spec: TaskSpec, partition: int, address: str, task_gpus: Sequence[s
     host = host_hash()
     channel = protocol.connect(spec.driver_addr, spec.driver_port, spec.key)
     try:
-        channel.send("register", {"partition": partition, "host": host, "address": address})
+        ip = local_ip_towards(spec.driver_addr, spec.driver_port)
+    except OSError:
+        ip = address
+    try:
+        # hostname and ip name this host in errors (a lost host, a broken one).
+        channel.send("register", {"partition": partition, "host": host, "address": address,
+                                  "hostname": socket.gethostname(), "ip": ip})  # fmt: skip
         kind, assigned = channel.recv()
         if kind != "assign":
             return 0  # aborted before the ranks were assigned

@@ -292,6 +292,15 @@ def materialize(
     try:
         selected.write.option("maxRecordsPerFile", per_file).parquet(tmp.spark_url)
         files = file_rows(tmp.local_path)
+        seen = sum(n for _, n in files)
+        if seen != num_rows:
+            # Executors on a host that does not see cache_dir wrote to their own disk.
+            raise RuntimeError(
+                f"prepare() wrote {num_rows} rows to {final.spark_url}, but the driver sees "
+                f"only {seen} of them there: some executors wrote to storage the driver does "
+                f"not see. cache_dir must be one storage that every node mounts at the same "
+                f"path (DBFS or /Volumes on Databricks; NFS or a FUSE-mounted bucket elsewhere)."
+            )
         meta = {
             "format": _FORMAT,
             "spark_url": final.spark_url,

@@ -1,0 +1,323 @@
+"""Real work on a two-host cluster (tests/helpers/netns_cluster.py), one driver process.
+
+    python tests/helpers/multihost_job.py MODE [SCENARIO ...]
+
+MODE is ``resolving`` or ``loopback`` (each host's name resolves to loopback). Runs each
+scenario on 2 hosts x 2 ranks and prints one ``RESULT <scenario> <json>`` line per scenario
+(an exception becomes ``{"error": ...}``, so one failure does not hide the others):
+
+- ``collectives``: allreduce, broadcast, a 4 MB allreduce, allgather_object; who is where.
+- ``recipe``: the standard Horovod Keras recipe through ``hvdrunner.hvd_keras``.
+- ``fit``: ``hvdrunner.keras.fit`` on 4 ranks (batch b) and on 1 rank (batch 4b), weights.
+- ``unpatched``: a rank on a loopback-named host with horovod taken as unpatched.
+- ``hidden_cache``: prepared data that one host cannot see (its view of the dir is empty).
+- ``host_lost``: a whole host killed mid-training, then the same job on the healed cluster.
+
+Exits 3 (skip) where network namespaces cannot be made.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import threading
+import time
+import traceback
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from netns_cluster import NetnsCluster, unavailable  # noqa: E402
+
+SCENARIOS = ("collectives", "recipe", "fit", "unpatched", "hidden_cache", "host_lost")
+
+
+# -- functions that run in the ranks -------------------------------------------------------
+def where_am_i() -> dict[str, Any]:
+    import socket
+
+    keys = ("HOROVOD_RANK", "HOROVOD_LOCAL_RANK", "HOROVOD_LOCAL_SIZE", "HOROVOD_CROSS_RANK",
+            "HOROVOD_CROSS_SIZE", "HOROVOD_GLOO_IFACE")  # fmt: skip
+    out: dict[str, Any] = {k: os.environ.get(k) for k in keys}
+    out["hostname"] = socket.gethostname()
+    out["netns"] = os.readlink("/proc/self/ns/net")
+    return out
+
+
+def collectives() -> dict[str, Any]:
+    import horovod.tensorflow as hvd
+    import tensorflow as tf
+
+    hvd.init()
+    total = hvd.allreduce(tf.constant(float(hvd.rank())), op=hvd.Sum).numpy()
+    root = hvd.broadcast(tf.constant([10.0 + hvd.rank()] * 3), root_rank=0).numpy()
+    big = hvd.allreduce(tf.fill([1_000_000], float(hvd.rank() + 1)), op=hvd.Average).numpy()
+    return {
+        "sum": float(total),
+        "broadcast": root.tolist(),
+        "big_mean": [float(big.min()), float(big.max())],
+        "ranks": hvd.allgather_object(where_am_i()),
+    }
+
+
+def keras_recipe() -> dict[str, Any]:
+    """The standard Horovod Keras recipe, import changed to hvdrunner.hvd_keras."""
+    import horovod.tensorflow as hvd_tf
+    import tensorflow as tf
+
+    import hvdrunner.hvd_keras as hvd
+
+    hvd.init()
+    rng = np.random.default_rng(100 + hvd.rank())  # each rank its own data
+    x = rng.normal(size=(256, 4)).astype("float32")
+    y = (x @ np.array([1.0, -2.0, 3.0, 0.5]) + hvd.rank()).astype("float32")
+    tf.keras.utils.set_random_seed(1 + hvd.rank())  # different init: the broadcast must fix it
+    model = tf.keras.Sequential([tf.keras.Input(shape=(4,)), tf.keras.layers.Dense(1)])
+    initial = hvd_tf.broadcast_object([w.tolist() for w in model.get_weights()], 0)
+    opt = hvd.DistributedOptimizer(tf.keras.optimizers.SGD(0.01 * hvd.size()))
+    model.compile(optimizer=opt, loss="mse")
+    model.fit(x, y, batch_size=32, epochs=2, verbose=0, callbacks=[
+        hvd.callbacks.BroadcastGlobalVariablesCallback(0), hvd.callbacks.MetricAverageCallback()])  # fmt: skip
+    return {"weights": hvd_tf.allgather_object([w.tolist() for w in model.get_weights()]),
+            "initial": initial}  # fmt: skip
+
+
+def build_linear() -> Any:
+    import tensorflow as tf
+
+    return tf.keras.Sequential([tf.keras.Input(shape=(4,)), tf.keras.layers.Dense(1)])
+
+
+def build_mlp() -> Any:
+    import tensorflow as tf
+
+    return tf.keras.Sequential([tf.keras.Input(shape=(64,)),
+                                tf.keras.layers.Dense(32, activation="relu"),
+                                tf.keras.layers.Dense(10, activation="softmax")])  # fmt: skip
+
+
+def fit_and_weights(**kwargs: Any) -> list[Any]:
+    import tensorflow as tf
+
+    from hvdrunner.keras import fit
+
+    grabbed: dict[str, Any] = {}
+
+    class Grab(tf.keras.callbacks.Callback):
+        def on_train_end(self, logs: Any = None) -> None:
+            grabbed["w"] = [w.tolist() for w in self.model.get_weights()]
+
+    fit(callbacks=[Grab()], **kwargs)
+    return grabbed["w"]
+
+
+def unpatched_rank() -> str:
+    return "ran"  # where hostnames resolve; elsewhere the task refuses the host first
+
+
+def fit_slowly_after_epoch2(marker: str, **kwargs: Any) -> Any:
+    """fit whose epochs take a while once epoch 2's checkpoint is on disk; rank 0 then
+    writes ``marker`` (the hosts of every rank) so the driver knows when to strike."""
+    import horovod.tensorflow as hvd
+    import tensorflow as tf
+
+    from hvdrunner.keras import fit
+
+    class Slow(tf.keras.callbacks.Callback):
+        def on_epoch_end(self, epoch: int, logs: Any = None) -> None:
+            if epoch == 1:  # after rank 0's checkpoint callback
+                hosts = hvd.allgather_object(where_am_i()["hostname"])
+                if hvd.rank() == 0:
+                    Path(marker).write_text(json.dumps(hosts))
+            if epoch >= 1:
+                time.sleep(0.5)
+
+    return fit(callbacks=[Slow()], **kwargs)
+
+
+# -- scenarios (driver side) ---------------------------------------------------------------
+class Job:
+    def __init__(self, cluster: NetnsCluster, spark: Any) -> None:
+        self.cluster = cluster
+        self.spark = spark
+        self.shared = Path(cluster.work) / "shared"
+        self.shared.mkdir()
+
+    def prepare(self, pdf: pd.DataFrame, features: str, label: str, where: str) -> Any:
+        from hvdrunner.data import prepare
+
+        return prepare(self.spark.createDataFrame(pdf), features=features, label=label,
+                       cache_dir=str(self.shared / where), shared=True)  # fmt: skip
+
+    def collectives(self) -> Any:
+        from hvdrunner import HorovodRunner
+
+        return HorovodRunner(np=4, start_timeout=120).run(collectives)
+
+    def recipe(self) -> Any:
+        from hvdrunner import HorovodRunner
+
+        return HorovodRunner(np=4, start_timeout=120).run(keras_recipe)
+
+    def fit(self) -> Any:
+        from hvdrunner import HorovodRunner
+
+        b, n, r = 16, 512, 4
+        rng = np.random.default_rng(0)
+        x = rng.normal(size=(n, 4)).astype("float32")
+        y = (x @ np.array([1.0, -2.0, 0.5, 3.0]) + 0.1).astype("float32")
+        part = n // r
+        # Rank j reads rows [j*128, (j+1)*128) in order; step k of one rank at batch 4b
+        # holds block k of every rank's part.
+        order = np.concatenate([np.concatenate([np.arange(j * part + k * b, j * part + (k + 1) * b)
+                                                for j in range(r)]) for k in range(part // b)])  # fmt: skip
+        common = dict(build_model=build_linear, epochs=2, loss="mse", optimizer="sgd",
+                      shuffle=False, log_model=False, verbose=0)  # fmt: skip
+        four = HorovodRunner(np=r, start_timeout=120).run(
+            fit_and_weights, data=self.prepare(pd.DataFrame({"x": x.tolist(), "y": y}), "x", "y", "four"),
+            batch_size=b, learning_rate=0.01, **common)  # fmt: skip
+        one = HorovodRunner(np=-1).run(
+            fit_and_weights, data=self.prepare(pd.DataFrame({"x": x[order].tolist(), "y": y[order]}), "x", "y", "one"),
+            batch_size=r * b, learning_rate=0.01 * r, **common)  # fmt: skip
+        return {"four": four, "one": one}
+
+    def _failure(self, fn: Any, **kwargs: Any) -> dict[str, Any]:
+        from hvdrunner import HorovodRunner, HorovodRunnerError
+
+        t0 = time.monotonic()
+        try:
+            value = HorovodRunner(np=4, start_timeout=120).run(fn, **kwargs)
+        except HorovodRunnerError as exc:
+            return {"message": str(exc), "summary": exc.summary, "rank": exc.rank,
+                    "exc_type": exc.exc_type, "seconds": time.monotonic() - t0}  # fmt: skip
+        return {"message": None, "value": value}
+
+    def unpatched(self) -> Any:
+        """As with a horovod hvdrunner did not build: the patch's marker module is moved
+        away for the scenario (the executors share this venv), then put back."""
+        import importlib.util
+
+        from hvdrunner.multihost import MARKER_MODULE
+
+        spec = importlib.util.find_spec(MARKER_MODULE)
+        assert spec is not None and spec.origin, "this horovod lacks the patch's marker"
+        marker = Path(spec.origin)
+        away = marker.with_suffix(".hidden-by-test")
+        marker.rename(away)
+        try:
+            return self._failure(unpatched_rank)
+        finally:
+            away.rename(marker)
+
+    def hidden_cache(self) -> Any:
+        from hvdrunner.keras import fit
+
+        rng = np.random.default_rng(1)
+        x = rng.normal(size=(256, 4)).astype("float32")
+        data = self.prepare(pd.DataFrame({"x": x.tolist(), "y": x.sum(1)}), "x", "y", "hidden")
+        victim = self.cluster.hosts[1]
+        self.cluster.hide_path(1, str(self.shared / "hidden"))
+        out = self._failure(fit, build_model=build_linear, data=data, epochs=1, batch_size=16,
+                            loss="mse", log_model=False, verbose=0)  # fmt: skip
+        return {**out, "hidden_on": victim.name}
+
+    def host_lost(self) -> Any:
+        import mlflow
+        from sklearn.datasets import load_digits
+
+        from hvdrunner import HorovodRunner, HorovodRunnerError
+        from hvdrunner.keras import fit
+
+        x, y = load_digits(return_X_y=True)
+        data = self.prepare(pd.DataFrame({"pixels": (x / 16.0).astype("float32").tolist(),
+                                          "label": y.astype("int32")}), "pixels", "label", "digits")  # fmt: skip
+        mlflow.set_tracking_uri(f"sqlite:///{self.shared / 'mlflow.db'}")
+        mlflow.set_experiment("multihost")
+        marker = self.shared / "epoch2.json"
+        kwargs = dict(build_model=build_mlp, data=data, epochs=12, batch_size=32,
+                      loss="sparse_categorical_crossentropy", checkpoint_dir=str(self.shared / "ckpt"),
+                      keep_checkpoints=2, verbose=0)  # fmt: skip
+        struck: dict[str, Any] = {}
+
+        def strike() -> None:  # the host that does not hold rank 0 dies mid-training
+            while not marker.exists():
+                time.sleep(0.05)
+            hosts = json.loads(marker.read_text())
+            victim = next(h for h in self.cluster.hosts if h.name != hosts[0])
+            struck.update(host=victim.name, ip=victim.addr,
+                          ranks=[r for r, h in enumerate(hosts) if h == victim.name],
+                          at=time.monotonic())  # fmt: skip
+            self.cluster.kill_host(victim.index)
+
+        threading.Thread(target=strike, daemon=True).start()
+        out: dict[str, Any] = {}
+        with mlflow.start_run() as run:
+            try:
+                HorovodRunner(np=4, start_timeout=120).run(fit_slowly_after_epoch2,
+                                                           marker=str(marker), **kwargs)
+                out["message"] = None
+            except HorovodRunnerError as exc:
+                out.update(message=str(exc), summary=exc.summary, rank=exc.rank,
+                           seconds=time.monotonic() - struck.get("at", time.monotonic()))  # fmt: skip
+        out["struck"] = struck
+        out["status"] = mlflow.get_run(run.info.run_id).info.status
+        survivor = next(h for h in self.cluster.hosts if h.name != struck.get("host"))
+        out["left_on_survivor"] = _rank_processes(self.cluster.pids(survivor.index))
+        out["checkpoints"] = sorted(os.listdir(self.shared / "ckpt"))
+        # The machine comes back; the retry resumes from the last checkpoint, same run.
+        victim = next(h for h in self.cluster.hosts if h.name == struck.get("host"))
+        self.cluster.start_worker(victim.index)
+        self.cluster.wait_for_executors(self.spark.sparkContext)
+        with mlflow.start_run(run_id=run.info.run_id):
+            result = HorovodRunner(np=4, start_timeout=120).run(fit, **kwargs)
+        out["resumed_at"] = result.initial_epoch
+        out["resumed_epochs"] = len(result.history["loss"])
+        out["resumed_status"] = mlflow.get_run(run.info.run_id).info.status
+        return out
+
+
+def _rank_processes(pids: list[int]) -> list[int]:
+    out = []
+    for pid in pids:
+        try:
+            cmd = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
+        except OSError:
+            continue
+        if "hvdrunner._launch.worker" in cmd:
+            out.append(pid)
+    return out
+
+
+def main(argv: list[str]) -> int:
+    why = unavailable()
+    if why:
+        print(f"SKIP {why}")
+        return 3
+    mode, wanted = argv[0], argv[1:] or list(SCENARIOS)
+    from hvdrunner.spark import local_session
+
+    with NetnsCluster(hosts=2, mode=mode) as cluster:
+        spark = local_session(cluster.master_url, app_name=f"hvdrunner-multihost-{mode}",
+                              **cluster.driver_conf())  # fmt: skip
+        cluster.wait_for_executors(spark.sparkContext)
+        job = Job(cluster, spark)
+        print("CLUSTER " + json.dumps({"prefix": cluster.prefix,
+                                       "hosts": [h.name for h in cluster.hosts]}), flush=True)  # fmt: skip
+        for name in wanted:
+            t0 = time.monotonic()
+            try:
+                out = {"value": getattr(job, name)()}
+            except Exception as exc:  # noqa: BLE001 - reported per scenario
+                out = {"error": f"{type(exc).__name__}: {exc}", "traceback": traceback.format_exc()}
+            out["wall_s"] = round(time.monotonic() - t0, 1)
+            print(f"RESULT {name} " + json.dumps(out, default=str), flush=True)
+        spark.stop()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
