@@ -145,17 +145,28 @@ def test_data_one_host_cannot_see_fails_before_training_naming_that_host(job):
     assert out["seconds"] < SETUP_ERROR_BOUND_S
 
 
-@pytest.mark.timeout(900)
-def test_lost_host_fails_fast_naming_it_and_a_rerun_resumes(job):
-    out = value(job, "host_lost")
+def _assert_lost_and_resumed(out: dict[str, Any], bound_s: float) -> None:
     struck = out["struck"]
     assert out["summary"].startswith(
         f"Lost host {struck['host']} ({struck['ip']}) with rank(s) {struck['ranks']} before"
     ), out["message"]
     assert len(struck["ranks"]) == 2 and 0 not in struck["ranks"]
-    assert out["seconds"] < LOST_HOST_BOUND_S
+    assert out["seconds"] < bound_s
     assert out["left_on_survivor"] == []  # no rank process left on the surviving host
     assert out["status"] == "FAILED"
     assert "epoch-00002" in out["checkpoints"]
     assert out["resumed_at"] >= 2 and out["resumed_epochs"] == 12 - out["resumed_at"]
     assert out["resumed_status"] == "FINISHED"
+
+
+@pytest.mark.timeout(900)
+def test_killed_host_fails_fast_naming_it_and_a_rerun_resumes(job):
+    _assert_lost_and_resumed(value(job, "host_lost"), LOST_HOST_BOUND_S)
+
+
+@pytest.mark.timeout(900)
+def test_cut_off_host_fails_after_host_timeout_naming_it_and_a_rerun_resumes(job):
+    out = value(job, "link_cut")
+    # silence is the only sign: host_timeout, then the abort of the others
+    _assert_lost_and_resumed(out, out["host_timeout"] + LOST_HOST_BOUND_S)
+    assert out["left_on_cut_host"] == []  # its own tasks stopped their ranks

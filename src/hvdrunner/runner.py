@@ -83,6 +83,11 @@ class HorovodRunner:
         exit_grace: seconds the other ranks get to exit after rank 0 returned; then they
             are stopped with a warning and rank 0's value is returned. Default 60.
         timeout: optional bound on the whole job, in seconds (default ``None``: none).
+        host_timeout: seconds without a heartbeat (sent every second both ways) between
+            the driver and a rank's Spark task before that task's host is declared lost:
+            the job then fails naming the host and its ranks, and a task that hears nothing
+            from the driver that long stops its rank. A host that dies outright closes
+            its connections and is named at once. Default 30.
 
     Example:
         >>> def train(lr):
@@ -102,6 +107,7 @@ class HorovodRunner:
         stall_timeout: float = 600.0,
         exit_grace: float = 60.0,
         timeout: float | None = None,
+        host_timeout: float = 30.0,
     ) -> None:
         if isinstance(np, bool) or not isinstance(np, int):
             raise ValueError(
@@ -120,6 +126,7 @@ class HorovodRunner:
         self.exit_grace = _seconds("exit_grace", exit_grace)
         # None: no bound on the whole job.
         self.timeout = None if timeout is None else _seconds("timeout", timeout)
+        self.host_timeout = _seconds("host_timeout", host_timeout)
 
     def run(self, main: Callable[..., Any], **kwargs: Any) -> Any:
         """Run ``main(**kwargs)`` on every rank; return rank 0's return value.
@@ -182,6 +189,7 @@ class HorovodRunner:
             forward_output=self.driver_log_verbosity == "all",
             spread_host_gpus=spread,
             pythonpath=_local_pythonpath(),
+            host_timeout=self.host_timeout,
         )
         if self.num_processor < 0:
             launch = LocalLaunch(np, spec)
@@ -196,7 +204,7 @@ class HorovodRunner:
                 result = service.wait(
                     self.start_timeout, launch.error,
                     exit_grace=self.exit_grace, timeout=self.timeout,
-                    stall_timeout=self.stall_timeout,
+                    stall_timeout=self.stall_timeout, host_timeout=self.host_timeout,
                 )  # fmt: skip
             ok = True
         except BaseException as err:

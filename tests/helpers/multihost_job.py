@@ -12,6 +12,7 @@ scenario on 2 hosts x 2 ranks and prints one ``RESULT <scenario> <json>`` line p
 - ``unpatched``: a rank on a loopback-named host with horovod taken as unpatched.
 - ``hidden_cache``: prepared data that one host cannot see (its view of the dir is empty).
 - ``host_lost``: a whole host killed mid-training, then the same job on the healed cluster.
+- ``link_cut``: the same with the host's link cut (``ip link set ... down``) and restored.
 
 Exits 3 (skip) where network namespaces cannot be made.
 """
@@ -33,7 +34,10 @@ import pandas as pd
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from netns_cluster import NetnsCluster, unavailable  # noqa: E402
 
-SCENARIOS = ("collectives", "recipe", "fit", "unpatched", "hidden_cache", "host_lost")
+SCENARIOS = ("collectives", "recipe", "fit", "unpatched", "hidden_cache", "host_lost", "link_cut")
+#: host_timeout of the lost-host jobs (the default is 30 s): a cut link closes nothing, so
+#: silence for this long is how its loss is detected.
+HOST_TIMEOUT_S = 8.0
 
 
 # -- functions that run in the ranks -------------------------------------------------------
@@ -226,6 +230,15 @@ class Job:
         return {**out, "hidden_on": victim.name}
 
     def host_lost(self) -> Any:
+        return self._lose_host("kill")
+
+    def link_cut(self) -> Any:
+        return self._lose_host("cut")
+
+    def _lose_host(self, how: str) -> Any:
+        """The host without rank 0 is lost mid-training (``kill``: every process in it
+        dies; ``cut``: its link goes down, its processes live on), then comes back and the
+        same job resumes from its last checkpoint into the same MLflow run."""
         import mlflow
         from sklearn.datasets import load_digits
 
@@ -237,43 +250,54 @@ class Job:
                                           "label": y.astype("int32")}), "pixels", "label", "digits")  # fmt: skip
         mlflow.set_tracking_uri(f"sqlite:///{self.shared / 'mlflow.db'}")
         mlflow.set_experiment("multihost")
-        marker = self.shared / "epoch2.json"
+        marker, ckpt = self.shared / f"epoch2-{how}.json", self.shared / f"ckpt-{how}"
         kwargs = dict(build_model=build_mlp, data=data, epochs=12, batch_size=32,
-                      loss="sparse_categorical_crossentropy", checkpoint_dir=str(self.shared / "ckpt"),
+                      loss="sparse_categorical_crossentropy", checkpoint_dir=str(ckpt),
                       keep_checkpoints=2, verbose=0)  # fmt: skip
         struck: dict[str, Any] = {}
 
-        def strike() -> None:  # the host that does not hold rank 0 dies mid-training
+        def strike() -> None:
             while not marker.exists():
                 time.sleep(0.05)
             hosts = json.loads(marker.read_text())
             victim = next(h for h in self.cluster.hosts if h.name != hosts[0])
-            struck.update(host=victim.name, ip=victim.addr,
+            struck.update(host=victim.name, ip=victim.addr, index=victim.index,
                           ranks=[r for r, h in enumerate(hosts) if h == victim.name],
                           at=time.monotonic())  # fmt: skip
-            self.cluster.kill_host(victim.index)
+            if how == "kill":
+                self.cluster.kill_host(victim.index)
+            else:
+                self.cluster.cut_link(victim.index)
 
         threading.Thread(target=strike, daemon=True).start()
-        out: dict[str, Any] = {}
+        runner = HorovodRunner(np=4, start_timeout=120, host_timeout=HOST_TIMEOUT_S)
+        out: dict[str, Any] = {"host_timeout": HOST_TIMEOUT_S}
         with mlflow.start_run() as run:
             try:
-                HorovodRunner(np=4, start_timeout=120).run(fit_slowly_after_epoch2,
-                                                           marker=str(marker), **kwargs)
+                runner.run(fit_slowly_after_epoch2, marker=str(marker), **kwargs)
                 out["message"] = None
             except HorovodRunnerError as exc:
                 out.update(message=str(exc), summary=exc.summary, rank=exc.rank,
                            seconds=time.monotonic() - struck.get("at", time.monotonic()))  # fmt: skip
         out["struck"] = struck
         out["status"] = mlflow.get_run(run.info.run_id).info.status
-        survivor = next(h for h in self.cluster.hosts if h.name != struck.get("host"))
+        victim = self.cluster.hosts[struck["index"]]
+        survivor = next(h for h in self.cluster.hosts if h is not victim)
         out["left_on_survivor"] = _rank_processes(self.cluster.pids(survivor.index))
-        out["checkpoints"] = sorted(os.listdir(self.shared / "ckpt"))
-        # The machine comes back; the retry resumes from the last checkpoint, same run.
-        victim = next(h for h in self.cluster.hosts if h.name == struck.get("host"))
-        self.cluster.start_worker(victim.index)
+        if how == "cut":  # the cut-off host stops its own ranks after host_timeout
+            deadline = time.monotonic() + HOST_TIMEOUT_S + 15
+            while _rank_processes(self.cluster.pids(victim.index)) and time.monotonic() < deadline:
+                time.sleep(0.5)
+            out["left_on_cut_host"] = _rank_processes(self.cluster.pids(victim.index))
+        out["checkpoints"] = sorted(os.listdir(ckpt))
+        # The host comes back; the retry resumes from the last checkpoint, same run.
+        if how == "kill":
+            self.cluster.start_worker(victim.index)
+        else:
+            self.cluster.restore_link(victim.index)
         self.cluster.wait_for_executors(self.spark.sparkContext)
         with mlflow.start_run(run_id=run.info.run_id):
-            result = HorovodRunner(np=4, start_timeout=120).run(fit, **kwargs)
+            result = HorovodRunner(np=4, start_timeout=180).run(fit, **kwargs)
         out["resumed_at"] = result.initial_epoch
         out["resumed_epochs"] = len(result.history["loss"])
         out["resumed_status"] = mlflow.get_run(run.info.run_id).info.status

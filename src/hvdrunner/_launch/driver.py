@@ -28,6 +28,8 @@ from hvdrunner.tracking import scrub
 
 #: How long aborted ranks get to report back before ``run()`` raises anyway.
 ABORT_WAIT_S = 10.0
+#: Once the job is failing, a task silent this long (no beat) counts as lost with its host.
+SILENT_AT_VERDICT_S = 5.0
 
 
 class _Conn:
@@ -41,7 +43,8 @@ class _Conn:
         self.ip: str | None = None
         self.rank: int | None = None
         self.exited = False
-        self.lost = False  # disconnected before its exit report
+        self.lost = False  # disconnected (or silent) before its exit report
+        self.last_seen = time.monotonic()  # last frame from it, beats included
 
     def where(self) -> str:
         """``host (ip)`` for messages."""
@@ -78,6 +81,7 @@ class DriverService:
         self._closed = threading.Event()
         self._rendezvous: RendezvousServer | None = None
         threading.Thread(target=self._accept_loop, name="hvdrunner-accept", daemon=True).start()
+        threading.Thread(target=self._beat_loop, name="hvdrunner-beat", daemon=True).start()
 
     # -- network -------------------------------------------------------------------------
     def _accept_loop(self) -> None:
@@ -104,9 +108,30 @@ class DriverService:
         try:
             while True:
                 kind, payload = conn.channel.recv()
-                self._events.put((cid, kind, payload))
+                conn.last_seen = time.monotonic()
+                if kind != "beat":
+                    self._events.put((cid, kind, payload))
         except (protocol.ProtocolError, OSError, EOFError):
             self._events.put((cid, "disconnect", None))
+
+    def _beat_loop(self) -> None:
+        """Tell every task we are alive: a supervisor stops its rank when we fall silent."""
+        while not self._closed.wait(protocol.HEARTBEAT_S):
+            with self._lock:
+                conns = list(self._conns.values())
+            for conn in conns:
+                with contextlib.suppress(OSError):
+                    conn.channel.send("beat", None)
+
+    def _mark_silent(self, silent_s: float) -> bool:
+        """Mark ranked, unfinished tasks silent for ``silent_s`` as lost; True if any."""
+        now = time.monotonic()
+        with self._lock:
+            silent = [c for c in self._conns.values()
+                      if c.rank is not None and not c.exited and now - c.last_seen > silent_s]  # fmt: skip
+        for conn in silent:
+            conn.lost = True
+        return bool(silent)
 
     def close(self) -> None:
         """Stop listening, drop every connection and stop the rendezvous server."""
@@ -171,6 +196,7 @@ class DriverService:
         exit_grace: float = 60.0,
         timeout: float | None = None,
         stall_timeout: float = 600.0,
+        host_timeout: float = 30.0,
     ) -> Any:
         """Consume events until success (returns rank 0's value) or failure (raises).
 
@@ -183,6 +209,8 @@ class DriverService:
             timeout: the whole job's bound in seconds (``None``: none).
             stall_timeout: seconds a rank may wait inside a TensorFlow/Horovod call (a
                 collective) while another rank does not; then the job fails naming it.
+            host_timeout: seconds without a frame (beats every second) from a started
+                task before its host is declared lost (a cut network closes nothing).
         """
         show = on_line or (lambda text: print(text, file=sys.stdout, flush=True))
 
@@ -215,6 +243,9 @@ class DriverService:
             stall = _stall_failure(stuck, self.np, stall_timeout, now)
             if stall is not None:
                 failure = stall
+                break
+            if assigned and self._mark_silent(host_timeout):
+                failure = self._lost_failure()
                 break
             if timeout is not None and now - started > timeout:
                 failure = HorovodRunnerError(
@@ -273,7 +304,8 @@ class DriverService:
             self.abort()
             self._drain_exits(exits, emit)
             # Now knowing every rank's fate, name the real cause first: a lost host makes
-            # its peers fail too (gloo connection reset), so it outranks their reports.
+            # its peers fail too (gloo connection reset or timeout), so it outranks them.
+            self._mark_silent(min(SILENT_AT_VERDICT_S, host_timeout))
             lost = self._lost_failure()
             if lost is not None:
                 failure = lost
@@ -314,9 +346,10 @@ class DriverService:
         first = min(lost, key=lambda c: int(c.rank))  # type: ignore[arg-type]
         return HorovodRunnerError(
             f"Lost {'; '.join(parts)} before they finished: the connection to their Spark "
-            f"task(s) dropped without an exit report, so the machine, its executor or its "
-            f"network went away (see that executor's log and the cluster's event log). The "
-            f"other ranks were stopped; rerun with the same checkpoint_dir to resume.",
+            f"task(s) dropped or fell silent (no heartbeat) without an exit report, so the "
+            f"machine, its executor or its network went away (see that executor's log and "
+            f"the cluster's event log). The other ranks were stopped; rerun with the same "
+            f"checkpoint_dir to resume.",
             rank=first.rank,
         )
 
@@ -325,9 +358,11 @@ class DriverService:
         deadline = time.monotonic() + ABORT_WAIT_S
 
         def outstanding() -> int:
+            now = time.monotonic()
             with self._lock:
                 ranked = [c for c in self._conns.values() if c.rank is not None]
-            return sum(1 for c in ranked if c.rank not in exits and not c.lost)
+            return sum(1 for c in ranked if c.rank not in exits and not c.lost
+                       and now - c.last_seen < SILENT_AT_VERDICT_S)  # fmt: skip
 
         while outstanding() and time.monotonic() < deadline:
             try:

@@ -26,6 +26,10 @@ MAX_FRAME_BYTES = 4 * 1024**3
 
 #: Set by the driver in each rank's environment: how many hosts the job spans.
 NUM_HOSTS_ENV = "HVDRUNNER_NUM_HOSTS"
+#: Both ends of every driver<->task connection send a "beat" this often: a host whose
+#: network was cut sends no FIN, so silence is the only sign it is gone.
+HEARTBEAT_S = 1.0
+
 
 class ProtocolError(RuntimeError):
     """The peer closed the connection, sent garbage, or failed authentication."""
@@ -116,6 +120,15 @@ def connect(host: str, port: int, key: bytes, timeout: float = 30.0) -> Channel:
     sock.settimeout(None)
     sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
     return Channel(sock)
+
+
+def beat_forever(send: Any, stopped: threading.Event) -> None:
+    """Send a "beat" every :data:`HEARTBEAT_S` until ``stopped`` or the peer is gone."""
+    while not stopped.wait(HEARTBEAT_S):
+        try:
+            send("beat", None)
+        except OSError:
+            return
 
 
 class PipeWriter:

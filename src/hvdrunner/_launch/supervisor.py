@@ -54,6 +54,7 @@ class RankSupervisor:
         env: Mapping[str, str],
         payload: bytes,
         forward_output: bool,
+        host_timeout: float = 30.0,
     ) -> None:
         self._channel = channel
         self._rank = rank
@@ -64,6 +65,8 @@ class RankSupervisor:
         self._tail_lock = threading.Lock()
         self._error: dict[str, str] | None = None
         self._aborted = threading.Event()
+        self._host_timeout = host_timeout
+        self._heard = time.monotonic()  # last frame from the driver (beats included)
         self._proc: subprocess.Popen[bytes] | None = None
         self._descendants: dict[int, psutil.Process] = {}
 
@@ -102,12 +105,27 @@ class RankSupervisor:
         try:
             while True:
                 kind, _ = self._channel.recv()
+                self._heard = time.monotonic()
                 if kind == "abort":
                     break
         except (protocol.ProtocolError, OSError):
             pass  # the driver went away: treat exactly like an abort
         self._aborted.set()
         self.kill()
+
+    def _watch_driver(self, proc: subprocess.Popen[bytes]) -> None:
+        """A cut link closes nothing: silence from the driver past host_timeout is an abort,
+        so no rank keeps running on a host the job has lost."""
+        while proc.poll() is None and not self._aborted.is_set():
+            silent = time.monotonic() - self._heard
+            if silent > self._host_timeout:
+                print(f"[hvdrunner] rank {self._rank}: no word from the driver for "
+                      f"{silent:.0f}s (host_timeout): stopping the rank", file=sys.stderr,
+                      flush=True)  # fmt: skip
+                self._aborted.set()
+                self.kill()
+                return
+            time.sleep(0.5)
 
     def kill(self) -> None:
         """Terminate the child's whole process group (TERM, then KILL after a grace period)."""
@@ -187,6 +205,7 @@ class RankSupervisor:
             for t in pumps:
                 t.start()
             threading.Thread(target=self._listen_for_abort, daemon=True).start()
+            threading.Thread(target=self._watch_driver, args=(proc,), daemon=True).start()
             threading.Thread(target=self._watch_descendants, args=(proc,), daemon=True).start()
             code = proc.wait()
             # Anything the child left running would hold the pipes open (and outlive the

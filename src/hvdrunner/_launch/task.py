@@ -9,6 +9,7 @@ from __future__ import annotations
 import ipaddress
 import os
 import socket
+import threading
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -31,6 +32,7 @@ class TaskSpec:
     forward_output: bool
     spread_host_gpus: bool
     pythonpath: tuple[str, ...] = ()
+    host_timeout: float = 30.0  # driver silent this long: it (or our link) is gone
 
     def __repr__(self) -> str:  # the key never appears in logs or tracebacks
         return f"TaskSpec(driver={self.driver_addr}:{self.driver_port}, payload={len(self.payload)} bytes)"
@@ -115,11 +117,16 @@ def run_slot(spec: TaskSpec, partition: int, address: str, task_gpus: Sequence[s
         ip = local_ip_towards(spec.driver_addr, spec.driver_port)
     except OSError:
         ip = address
+    stopped = threading.Event()
+    threading.Thread(target=protocol.beat_forever, args=(channel.send, stopped),
+                     name="hvdrunner-beat", daemon=True).start()  # fmt: skip
     try:
         # hostname and ip name this host in errors (a lost host, a broken one).
         channel.send("register", {"partition": partition, "host": host, "address": address,
                                   "hostname": socket.gethostname(), "ip": ip})  # fmt: skip
         kind, assigned = channel.recv()
+        while kind == "beat":
+            kind, assigned = channel.recv()
         if kind != "assign":
             return 0  # aborted before the ranks were assigned
         rank = int(assigned["HOROVOD_RANK"])
@@ -138,7 +145,10 @@ def run_slot(spec: TaskSpec, partition: int, address: str, task_gpus: Sequence[s
                 },
             )
             return 1
-        supervisor = RankSupervisor(channel, rank, env, spec.payload, spec.forward_output)
+        supervisor = RankSupervisor(
+            channel, rank, env, spec.payload, spec.forward_output, spec.host_timeout
+        )
         return supervisor.run()
     finally:
+        stopped.set()
         channel.close()
