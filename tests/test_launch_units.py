@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+import contextlib
 import signal
+import threading
+import time
 
 import pytest
 
+from hvdrunner import HorovodRunnerError
 from hvdrunner._launch import protocol
 from hvdrunner._launch.driver import DriverService
 from hvdrunner._launch.supervisor import describe_exit
@@ -54,3 +58,64 @@ def test_driver_service_drops_peers_without_the_job_key():
 def test_task_spec_repr_hides_the_key():
     spec = TaskSpec("10.0.0.1", 1234, b"secret-key-bytes", b"payload", True, False)
     assert "secret" not in repr(spec) and "secret" not in str(spec)
+
+
+def _registered_task(service: DriverService, partition: int, hostname: str) -> protocol.Channel:
+    """A task as the driver sees it: connected, registered; it sends no heartbeat."""
+    chan = protocol.connect("127.0.0.1", service.port, b"k" * 32, timeout=5)
+    chan.send("register", {"partition": partition, "host": f"hash-{hostname}",
+                           "address": "127.0.0.1", "hostname": hostname, "ip": "10.9.9.9"})  # fmt: skip
+    return chan
+
+
+def test_a_task_that_falls_silent_is_a_lost_host_named_with_its_ranks():
+    # A cut link closes nothing: only the missing heartbeats tell (host_timeout).
+    service = DriverService(2, b"k" * 32, rendezvous_addr="127.0.0.1", bind="127.0.0.1")
+    chans = [_registered_task(service, i, "node-b") for i in range(2)]
+    stop = threading.Event()
+
+    def drain(chan: protocol.Channel) -> None:  # read the driver's frames, answer nothing
+        with contextlib.suppress(Exception):
+            while not stop.is_set():
+                chan.recv()
+
+    for chan in chans:
+        threading.Thread(target=drain, args=(chan,), daemon=True).start()
+    t0 = time.monotonic()
+    try:
+        with pytest.raises(HorovodRunnerError) as info:
+            service.wait(30, lambda: None, host_timeout=2.0)
+    finally:
+        stop.set()
+        for chan in chans:
+            chan.close()
+        service.close()
+    assert 2.0 <= time.monotonic() - t0 < 15
+    assert info.value.summary.startswith("Lost host node-b (10.9.9.9) with rank(s) [0, 1] before")
+    assert info.value.rank == 0
+
+
+def test_lost_host_outranks_the_failures_it_causes_on_other_hosts():
+    # Rank 1 (host a) fails because host b vanished: the verdict names host b first.
+    service = DriverService(2, b"k" * 32, rendezvous_addr="127.0.0.1", bind="127.0.0.1")
+    a = _registered_task(service, 0, "node-a")
+    b = _registered_task(service, 1, "node-b")
+
+    def play() -> None:
+        for chan in (a, b):
+            kind, _ = chan.recv()
+            while kind == "beat":
+                kind, _ = chan.recv()
+        # rank 0's failure (caused by b) reaches the driver first, then b's connection drops
+        a.send("exit", {"rank": 0, "code": 1, "how": "SIGABRT", "error": None,
+                        "tail": ["gloo::IoException: Connection reset by peer"], "aborted": False})  # fmt: skip
+        b.close()
+
+    threading.Thread(target=play, daemon=True).start()
+    try:
+        with pytest.raises(HorovodRunnerError) as info:
+            service.wait(30, lambda: None)
+    finally:
+        a.close()
+        service.close()
+    assert info.value.summary.startswith("Lost host node-b (10.9.9.9) with rank(s) [1]")

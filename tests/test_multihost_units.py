@@ -36,7 +36,9 @@ def test_problem_names_host_cause_and_both_fixes():
 
 
 def test_check_host_refuses_only_jobs_over_several_hosts(monkeypatch):
-    monkeypatch.setattr(multihost, "host_facts", lambda: HostFacts("n", "127.0.1.1", False, "0.28.1"))
+    monkeypatch.setattr(
+        multihost, "host_facts", lambda: HostFacts("n", "127.0.1.1", False, "0.28.1")
+    )
     multihost.check_host(num_hosts=1)  # one host: loopback gloo works
     with pytest.raises(MultiHostSetupError, match="Host n cannot run ranks"):
         multihost.check_host(num_hosts=2)

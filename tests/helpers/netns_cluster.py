@@ -83,6 +83,7 @@ def sweep(owner: int | None = None) -> list[str]:
 
     Returns what it removed. Safe to call any time: a live owner's cluster is left alone.
     """
+
     def doomed(name: str) -> bool:
         m = _NAME.match(name)
         return bool(m) and (int(m.group(1)) == owner if owner else not _alive(int(m.group(1))))
@@ -157,8 +158,14 @@ class NetnsCluster:
         self.master_ip = f"10.231.{net}.1"
         self.bridge = f"{self.prefix}br"
         self.hosts = [
-            Host(i, f"{self.prefix}h{i}", f"{self.prefix}-h{i}", f"10.231.{net}.{i + 2}",
-                 f"{self.prefix}v{i}", f"{self.prefix}p{i}")  # fmt: skip
+            Host(
+                i,
+                f"{self.prefix}h{i}",
+                f"{self.prefix}-h{i}",
+                f"10.231.{net}.{i + 2}",
+                f"{self.prefix}v{i}",
+                f"{self.prefix}p{i}",
+            )  # fmt: skip
             for i in range(hosts)
         ]
         self.work = tempfile.mkdtemp(prefix="hvd-netns-")
