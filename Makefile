@@ -49,6 +49,7 @@ bench: $(STAMP)        ## every benchmark on $(STACK); results in benchmarks/res
 	$(PY) benchmarks/data_throughput.py
 	$(PY) benchmarks/scaling.py
 	$(PY) benchmarks/knobs_accuracy.py
+	$(PY) benchmarks/multihost.py      # needs root: two hosts in network namespaces
 
 clean-env:
 	rm -rf $(VENV)

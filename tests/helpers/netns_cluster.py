@@ -9,7 +9,7 @@ stay in this namespace on a bridge. Two name modes:
 - ``loopback``: each host's name resolves to 127.0.1.1, as Debian's installer and
   cloud-init's Debian/Ubuntu template write it (the case that breaks unpatched horovod).
 
-Optional link shaping per host (``tc netem``: delay, rate) for benchmarks. Everything it
+Optional link shaping per host (``tc tbf`` rate, ``tc netem`` delay) for benchmarks. Everything it
 creates (namespaces, links, /etc/netns entries, processes in the namespaces, the work dir)
 is removed by :meth:`NetnsCluster.stop`, at interpreter exit, on SIGTERM, and by
 :func:`sweep` for the leftovers of a run that was SIGKILLed (its owner pid is in every name).
@@ -110,18 +110,21 @@ def sweep(owner: int | None = None) -> list[str]:
 
 @dataclass(frozen=True)
 class Shape:
-    """Link shaping for every host's link, both directions (``tc netem``)."""
+    """Link shaping for every host's link, both directions: rate with ``tc tbf``, delay
+    with ``tc netem`` (a kernel without sch_netem, as this VM's, refuses delay loudly)."""
 
     delay_ms: float | None = None
     rate_mbit: float | None = None
 
-    def netem_args(self) -> list[str]:
-        args = []
+    def qdisc(self) -> list[str]:
         if self.delay_ms:
-            args += ["delay", f"{self.delay_ms}ms"]
+            netem = ["netem", "delay", f"{self.delay_ms}ms"]
+            return netem + (["rate", f"{self.rate_mbit}mbit"] if self.rate_mbit else [])
         if self.rate_mbit:
-            args += ["rate", f"{self.rate_mbit}mbit"]
-        return args
+            # burst: 4 ms at the rate (a burst below rate/HZ caps the rate itself)
+            burst = max(64 * 1024, int(self.rate_mbit * 1e6 / 8 * 0.004))
+            return ["tbf", "rate", f"{self.rate_mbit}mbit", "burst", str(burst), "latency", "20ms"]
+        return []
 
 
 @dataclass
@@ -239,10 +242,10 @@ class NetnsCluster:
             self.in_host(h.index, "ip", "addr", "add", f"{h.addr}/24", "dev", h.inner)
             self.in_host(h.index, "ip", "link", "set", h.inner, "up")
             self.in_host(h.index, "ip", "link", "set", "lo", "up")
-            if self.shape is not None and self.shape.netem_args():
-                netem = self.shape.netem_args()
-                sh("tc", "qdisc", "add", "dev", h.outer, "root", "netem", *netem)
-                self.in_host(h.index, "tc", "qdisc", "add", "dev", h.inner, "root", "netem", *netem)
+            qdisc = self.shape.qdisc() if self.shape is not None else []
+            if qdisc:
+                sh("tc", "qdisc", "add", "dev", h.outer, "root", *qdisc)
+                self.in_host(h.index, "tc", "qdisc", "add", "dev", h.inner, "root", *qdisc)
 
     def in_host(self, i: int, *cmd: str) -> subprocess.CompletedProcess[str]:
         return sh("ip", "netns", "exec", self.hosts[i].ns, *cmd)
