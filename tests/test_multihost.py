@@ -18,6 +18,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -170,3 +171,52 @@ def test_cut_off_host_fails_after_host_timeout_naming_it_and_a_rerun_resumes(job
     # silence is the only sign: host_timeout, then the abort of the others
     _assert_lost_and_resumed(out, out["host_timeout"] + LOST_HOST_BOUND_S)
     assert out["left_on_cut_host"] == []  # its own tasks stopped their ranks
+
+
+_HOLD = """
+import sys, time
+sys.path.insert(0, {helpers!r})
+from netns_cluster import NetnsCluster
+c = NetnsCluster(hosts=2, mode="loopback").start()
+print("UP", c.prefix, c.work, c._master.pid, *[h.worker.pid for h in c.hosts], flush=True)
+time.sleep(600)
+"""
+
+
+def _leftovers(prefix: str, pids: list[int]) -> list[str]:
+    """Namespaces, links and live processes (the master and workers) of that cluster."""
+    names = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
+    links = subprocess.run(["ip", "-o", "link", "show"], capture_output=True, text=True).stdout
+    alive = [f"pid {p}" for p in pids if Path(f"/proc/{p}").exists()
+             and "zombie" not in Path(f"/proc/{p}/status").read_text().lower()]  # fmt: skip
+    return ([n for n in names.split() if n.startswith(prefix)]
+            + [w for w in links.split() if w.startswith(prefix)] + alive)  # fmt: skip
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGKILL], ids=["SIGTERM", "SIGKILL"])
+def test_the_cluster_leaves_nothing_behind_when_its_owner_is_stopped(sig):
+    why = unavailable()
+    if why and os.environ.get("CI"):
+        pytest.fail(f"CI must run the multi-host tests (as root, with iproute2): {why}")
+    if why:
+        pytest.skip(why)
+    helpers = str(Path(__file__).parent / "helpers")
+    proc = subprocess.Popen([sys.executable, "-c", _HOLD.format(helpers=helpers)],
+                            stdout=subprocess.PIPE, text=True)  # fmt: skip
+    assert proc.stdout is not None
+    line = proc.stdout.readline().split()
+    assert line and line[0] == "UP", line
+    prefix, work, pids = line[1], line[2], [int(p) for p in line[3:]]
+    assert len(_leftovers(prefix, pids)) >= 2 + 3 and Path("/etc/netns", f"{prefix}h0").is_dir()
+    proc.send_signal(sig)
+    proc.wait(timeout=60)
+    if sig == signal.SIGKILL:  # nothing could run in the owner: the next cluster sweeps
+        sweep()
+    deadline = time.monotonic() + 20  # pdeathsig'd JVMs take a moment to die
+    while _leftovers(prefix, pids) and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert _leftovers(prefix, pids) == []
+    assert not Path("/etc/netns", f"{prefix}h0").exists()
+    if sig == signal.SIGTERM:
+        assert not Path(work).exists()

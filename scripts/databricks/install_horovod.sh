@@ -10,9 +10,12 @@
 #                          wheel in seconds; keyed by horovod, TF, Python, CUDA and build flags
 #   HVDRUNNER_HOROVOD_GPU  auto (default: NCCL when the node has GPUs and nvcc), none or nccl
 #
-# It builds against the cluster's own TensorFlow (/databricks/python), applies the TF >= 2.16
-# patch when needed, and fails the cluster start loudly if horovod then lacks TensorFlow or
-# gloo support. On 15.4 LTS ML (horovod preinstalled) it only checks and exits.
+# It builds against the cluster's own TensorFlow (/databricks/python), applies hvdrunner's
+# patches (patches/: the gloo process-set interface fix always, the no-XLA one on TF >= 2.16),
+# and fails the cluster start loudly if horovod then lacks TensorFlow or gloo support. A
+# horovod 0.28.1 already built by hvdrunner is only checked. One that lacks the gloo patch
+# (15.4 LTS ML's preinstalled one) is rebuilt; HVDRUNNER_KEEP_INSTALLED_HOROVOD=1 keeps it
+# (multi-host jobs then need hostnames that resolve to the nodes' addresses).
 set -euo pipefail
 SRC="${HVDRUNNER_SRC:?set HVDRUNNER_SRC to the workspace file path of the deployed bundle, /Workspace/...}"
 export PYTHON="${HVDRUNNER_PYTHON:-/databricks/python/bin/python}"

@@ -61,6 +61,13 @@ def unavailable() -> str | None:
     return None if made.returncode == 0 else f"ip netns add refused: {made.stderr.strip()}"
 
 
+def _die_with_parent() -> None:
+    """preexec_fn: SIGKILL this child when its owner dies, even by SIGKILL (Linux)."""
+    import ctypes
+
+    ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+
+
 def _alive(pid: int) -> bool:
     try:
         os.kill(pid, 0)
@@ -269,7 +276,7 @@ class NetnsCluster:
         self._master = subprocess.Popen(
             [self.spark_class(), "org.apache.spark.deploy.master.Master", "--host",
              self.master_ip, "--port", str(port), "--webui-port", str(ui)],
-            env=env, stdout=log, stderr=log)  # fmt: skip
+            env=env, stdout=log, stderr=log, preexec_fn=_die_with_parent)  # fmt: skip
         _wait_for_port(self.master_ip, port)
         self.master_url = f"spark://{self.master_ip}:{port}"
 
@@ -286,7 +293,7 @@ class NetnsCluster:
              'hostname "$0" && exec "$@"', h.name, self.spark_class(),
              "org.apache.spark.deploy.worker.Worker", "--host", h.addr, "--cores",
              str(self.cores), "--memory", self.memory, "--webui-port", "0", self.master_url],
-            env=env, stdout=log, stderr=log)  # fmt: skip
+            env=env, stdout=log, stderr=log, preexec_fn=_die_with_parent)  # fmt: skip
 
     def driver_conf(self, executor_memory: str = "1g") -> dict[str, str]:
         """Spark conf for a driver in this namespace using every host's cores."""
