@@ -48,6 +48,12 @@ def rank1_returns_early() -> None:
         hvd.allreduce(tf.constant(1.0), name="after_rank1_left")
 
 
+def rank0_returns_a_lock() -> object:
+    import threading
+
+    return threading.Lock()  # rank 1's value is never sent; rank 0's cannot be pickled
+
+
 def sleeps(seconds: float) -> None:
     time.sleep(seconds)
 
@@ -127,6 +133,15 @@ def test_early_exit_of_one_rank_is_named_as_the_cause():
         HorovodRunner(np=-2, stall_timeout=8).run(rank1_returns_early)
     assert "Rank(s) [1] had already returned (exit code 0)" in info.value.summary
     assert info.value.rank == 0  # the rank that saw the error; the cause is named first
+
+
+def test_rank0_failing_alone_after_the_others_returned_is_its_own_cause():
+    # Rank-0-only work at the end (here: an unpicklable return value) fails after rank 1
+    # returned normally: that is no early exit, and the error must open with the real cause.
+    with pytest.raises(HorovodRunnerError) as info:
+        HorovodRunner(np=-2).run(rank0_returns_a_lock)
+    assert info.value.summary.startswith("Rank 0 failed with TypeError: the return value of rank 0")
+    assert "had already returned" not in info.value.summary
 
 
 def test_an_exception_whose_str_raises_is_still_reported():

@@ -436,10 +436,12 @@ def _rank_failure(
     rank = report["rank"]
     tail = [_clip(scrub(line)) for line in report["tail"]]
     # A rank that returned early (exit 0) while the others still called collectives is the
-    # cause of their failure, not the rank that reported it.
+    # cause of their failure, not the rank that reported it -- but only when that failure
+    # is a failed collective: rank 0 failing in its own rank-0-only work at the end (an
+    # unpicklable return value, MLflow logging) after the others returned is its own cause.
     early = sorted(r for r, e in exits.items() if e["code"] == 0 and r != rank)
     cause = ""
-    if early:
+    if early and _failed_in_a_collective(report):
         cause = (
             f"Rank(s) {early} had already returned (exit code 0) while the others were "
             f"still running collectives: every rank must run the same steps. "
@@ -466,6 +468,17 @@ def _rank_failure(
         rank=rank,
         output_tail=tail,
     )
+
+
+#: What a rank's error or output shows when a collective failed under it (a peer left).
+_COLLECTIVE_SIGNS = ("Horovod has been shut down", "HorovodInternalError", "gloo",
+                     "Connection closed by peer", "Connection reset by peer")  # fmt: skip
+
+
+def _failed_in_a_collective(report: dict[str, Any]) -> bool:
+    err = report.get("error") or {}
+    text = " ".join([str(err.get("type", "")), str(err.get("message", "")), *report["tail"][-20:]])
+    return any(sign in text for sign in _COLLECTIVE_SIGNS)
 
 
 def _clip(message: str, limit: int = 2000) -> str:
