@@ -64,13 +64,18 @@ def _run_job(mode: str) -> tuple[dict[str, Any], dict[str, Any]]:
     return results, cluster
 
 
-@pytest.fixture(scope="module", params=["resolving", "loopback"])
-def job(request):
+def _need_namespaces() -> None:
+    """Skip where network namespaces cannot be made; in CI (root, iproute2) fail instead."""
     why = unavailable()
     if why and os.environ.get("CI"):
         pytest.fail(f"CI must run the multi-host tests (as root, with iproute2): {why}")
     if why:
         pytest.skip(why)
+
+
+@pytest.fixture(scope="module", params=["resolving", "loopback"])
+def job(request):
+    _need_namespaces()
     results, cluster = _run_job(request.param)
     return request.param, results, cluster
 
@@ -196,11 +201,7 @@ def _leftovers(prefix: str, pids: list[int]) -> list[str]:
 @pytest.mark.timeout(300)
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGKILL], ids=["SIGTERM", "SIGKILL"])
 def test_the_cluster_leaves_nothing_behind_when_its_owner_is_stopped(sig):
-    why = unavailable()
-    if why and os.environ.get("CI"):
-        pytest.fail(f"CI must run the multi-host tests (as root, with iproute2): {why}")
-    if why:
-        pytest.skip(why)
+    _need_namespaces()
     helpers = str(Path(__file__).parent / "helpers")
     proc = subprocess.Popen([sys.executable, "-c", _HOLD.format(helpers=helpers)],
                             stdout=subprocess.PIPE, text=True)  # fmt: skip
