@@ -101,17 +101,37 @@ def test_a_rank_that_never_exits_after_rank0_returned_is_stopped(capsys):
     assert "rank(s) [1] still running 3s (exit_grace)" in out.out + out.err
 
 
+def _np_or_spark(request: pytest.FixtureRequest, np_: int) -> int:
+    """np>0 runs on Spark barrier tasks of the suite's local[2] session."""
+    if np_ > 0:
+        request.getfixturevalue("spark")
+    return np_
+
+
+def _no_spark_job_left(request: pytest.FixtureRequest, np_: int) -> None:
+    """After a failed run() on Spark tasks, its barrier job was cancelled, not left running."""
+    if np_ > 0:
+        sc = request.getfixturevalue("spark").sparkContext
+        deadline = time.monotonic() + 10
+        while sc.statusTracker().getActiveJobsIds() and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert sc.statusTracker().getActiveJobsIds() == []
+
+
 @pytest.mark.timeout(180)
-def test_a_stalled_collective_fails_naming_the_rank_that_did_not_join():
+@pytest.mark.parametrize("np_", [-2, 2], ids=["driver-processes", "spark-barrier"])
+def test_a_stalled_collective_fails_naming_the_rank_that_did_not_join(request, np_):
+    np_ = _np_or_spark(request, np_)
     started = time.monotonic()
     with pytest.raises(HorovodRunnerError) as info:
-        HorovodRunner(np=-2, stall_timeout=8).run(rank1_skips_the_collective)
+        HorovodRunner(np=np_, stall_timeout=8).run(rank1_skips_the_collective)
     elapsed = time.monotonic() - started
     message = str(info.value)
     assert "Rank(s) [1] did not join the collective that rank(s) [0] waited in" in message
     assert "test_faults.py" in message and "rank1_skips_the_collective" in message  # where
     assert "stall_timeout=8s" in message and info.value.rank == 1
     assert elapsed < 8 + 45  # the bound, plus TF imports and the watchdog's period
+    _no_spark_job_left(request, np_)
 
 
 def test_overall_timeout_stops_the_job():
@@ -128,11 +148,16 @@ def test_knobs_are_validated(knob):
 
 
 # -- error reporting --------------------------------------------------------------------------
-def test_early_exit_of_one_rank_is_named_as_the_cause():
+@pytest.mark.parametrize("np_", [-2, 2], ids=["driver-processes", "spark-barrier"])
+def test_early_exit_of_one_rank_is_named_as_the_cause(request, np_):
+    np_ = _np_or_spark(request, np_)
+    started = time.monotonic()
     with pytest.raises(HorovodRunnerError) as info:
-        HorovodRunner(np=-2, stall_timeout=8).run(rank1_returns_early)
+        HorovodRunner(np=np_, stall_timeout=8).run(rank1_returns_early)
     assert "Rank(s) [1] had already returned (exit code 0)" in info.value.summary
     assert info.value.rank == 0  # the rank that saw the error; the cause is named first
+    assert time.monotonic() - started < 8 + 45
+    _no_spark_job_left(request, np_)
 
 
 def test_rank0_failing_alone_after_the_others_returned_is_its_own_cause():
