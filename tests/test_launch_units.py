@@ -119,3 +119,17 @@ def test_lost_host_outranks_the_failures_it_causes_on_other_hosts():
         a.close()
         service.close()
     assert info.value.summary.startswith("Lost host node-b (10.9.9.9) with rank(s) [1]")
+
+
+def test_lost_failure_names_whole_hosts_and_single_ranks():
+    from hvdrunner._launch.verdict import lost_failure
+
+    tasks = [("a", 0, "node-a (10.0.0.1)", False), ("a", 1, "node-a (10.0.0.1)", False),
+             ("b", 2, "node-b (10.0.0.2)", True), ("b", 3, "node-b (10.0.0.2)", True),
+             ("c", 4, "node-c (10.0.0.3)", True), ("c", 5, "node-c (10.0.0.3)", False)]  # fmt: skip
+    err = lost_failure(tasks)
+    assert err is not None and err.rank == 2
+    assert err.summary.startswith(
+        "Lost host node-b (10.0.0.2) with rank(s) [2, 3]; rank(s) [4] on node-c (10.0.0.3) before"
+    )
+    assert lost_failure([t[:3] + (False,) for t in tasks]) is None

@@ -1,0 +1,130 @@
+"""The job's verdict when it fails: one error whose first sentence names the real cause.
+
+Pure functions over what the driver learned (exit reports, watchdog states, lost
+connections), so each rule is testable without a job.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from hvdrunner.errors import HorovodRunnerError
+
+#: (host id, rank, "host (ip)" for messages, lost) for each started task.
+TaskView = tuple[str, int, str, bool]
+
+
+def lost_failure(tasks: Sequence[TaskView]) -> HorovodRunnerError | None:
+    """The error naming every host (or rank) whose task vanished before its exit report."""
+    lost = [t for t in tasks if t[3]]
+    if not lost:
+        return None
+    parts = []
+    for host in dict.fromkeys(t[0] for t in lost):
+        ranks = sorted(t[1] for t in lost if t[0] == host)
+        whole = len(ranks) == sum(1 for t in tasks if t[0] == host)
+        where = next(t[2] for t in lost if t[0] == host)
+        parts.append(
+            f"host {where} with rank(s) {ranks}" if whole else f"rank(s) {ranks} on {where}"
+        )
+    return HorovodRunnerError(
+        f"Lost {'; '.join(parts)} before they finished: the connection to their Spark "
+        f"task(s) dropped or fell silent (no heartbeat) without an exit report, so the "
+        f"machine, its executor or its network went away (see that executor's log and "
+        f"the cluster's event log). The other ranks were stopped; rerun with the same "
+        f"checkpoint_dir to resume.",
+        rank=min(t[1] for t in lost),
+    )
+
+
+def stall_failure(
+    stuck: dict[int, dict[str, Any]], np: int, stall_timeout: float, now: float
+) -> HorovodRunnerError | None:
+    """A failure when some rank waited in a TF/Horovod call past ``stall_timeout``."""
+    waiting = sorted(r for r, s in stuck.items() if s["in_tf"] and now - s["since"] > stall_timeout)
+    if not waiting:
+        return None
+    others = [r for r in range(np) if r not in waiting]
+
+    def where(r: int) -> str:
+        s = stuck.get(r)
+        return f"stuck {now - s['since']:.0f}s at {s['where']}" if s else "busy elsewhere"
+
+    advice = (
+        "Every rank must make the same collective calls in the same order (same steps per "
+        "epoch, same callbacks); raise HorovodRunner(stall_timeout=...) if one step "
+        "legitimately takes longer."
+    )
+    if others:
+        return HorovodRunnerError(
+            f"Rank(s) {others} did not join the collective that rank(s) {waiting} waited in "
+            f"for more than stall_timeout={stall_timeout:g}s "
+            f"({'; '.join(f'rank {r}: {where(r)}' for r in others)}; rank {waiting[0]} waited "
+            f"at {stuck[waiting[0]]['where']}). {advice}",
+            rank=others[0],
+        )
+    return HorovodRunnerError(
+        f"All ranks waited inside TensorFlow/Horovod calls for more than "
+        f"stall_timeout={stall_timeout:g}s ({'; '.join(f'rank {r}: {where(r)}' for r in waiting)}): "
+        f"mismatched collectives (different names or order), or a step longer than the "
+        f"bound. {advice}"
+    )
+
+
+def rank_failure(
+    report: dict[str, Any], scrub: Callable[[str], str], exits: dict[int, dict[str, Any]]
+) -> HorovodRunnerError:
+    rank = report["rank"]
+    tail = [_clip(scrub(line)) for line in report["tail"]]
+    # A rank that returned early (exit 0) while the others still called collectives is the
+    # cause of their failure, not the rank that reported it -- but only when that failure
+    # is a failed collective: rank 0 failing in its own rank-0-only work at the end (an
+    # unpicklable return value, MLflow logging) after the others returned is its own cause.
+    early = sorted(r for r, e in exits.items() if e["code"] == 0 and r != rank)
+    cause = ""
+    if early and _failed_in_a_collective(report):
+        cause = (
+            f"Rank(s) {early} had already returned (exit code 0) while the others were "
+            f"still running collectives: every rank must run the same steps. "
+        )
+    err = report.get("error")
+    if err:
+        err = {k: scrub(v) if isinstance(v, str) else v for k, v in err.items()}
+    if err:
+        summary = (
+            f"{cause}Rank {rank} failed with {err['type']}: "
+            f"{_clip(err['message']).rstrip().rstrip('.')}. The other ranks were stopped."
+        )
+        return HorovodRunnerError(
+            summary,
+            rank=rank,
+            exc_type=err["type"],
+            remote_message=err["message"],
+            remote_traceback=err["traceback"],
+            output_tail=tail,
+        )
+    return HorovodRunnerError(
+        f"{cause}Rank {rank} died ({report['how']}) without raising a Python exception. "
+        f"The other ranks were stopped.",
+        rank=rank,
+        output_tail=tail,
+    )
+
+
+#: What a rank's error or output shows when a collective failed under it (a peer left).
+_COLLECTIVE_SIGNS = ("Horovod has been shut down", "HorovodInternalError", "gloo",
+                     "Connection closed by peer", "Connection reset by peer")  # fmt: skip
+
+
+def _failed_in_a_collective(report: dict[str, Any]) -> bool:
+    err = report.get("error") or {}
+    text = " ".join([str(err.get("type", "")), str(err.get("message", "")), *report["tail"][-20:]])
+    return any(sign in text for sign in _COLLECTIVE_SIGNS)
+
+
+def _clip(message: str, limit: int = 2000) -> str:
+    """A huge exception message once, shortened: the full text is in the traceback part."""
+    if len(message) <= limit:
+        return message
+    return f"{message[:limit]}... [{len(message) - limit} more characters in the traceback below]"
