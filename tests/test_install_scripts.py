@@ -3,7 +3,6 @@
 
 from __future__ import annotations
 
-import importlib.util
 import os
 import re
 import shutil
@@ -63,19 +62,12 @@ def test_cache_key_carries_a_digest_of_the_patches(tmp_path):
 
 def test_an_installed_horovod_without_the_iface_patch_is_replaced_or_kept_loudly(tmp_path):
     # As on DBR 15.4 LTS ML: horovod 0.28.1 works but lacks the patch (its marker module).
-    from hvdrunner.multihost import MARKER_MODULE
+    from helpers.unpatched_horovod import marker_hidden
 
-    spec = importlib.util.find_spec(MARKER_MODULE)
-    assert spec is not None and spec.origin
-    marker = Path(spec.origin)
-    away = marker.with_suffix(".hidden-by-test")
-    marker.rename(away)
-    try:
-        env = {"PYTHON": sys.executable, "HVDRUNNER_WHEEL_CACHE": str(tmp_path),
-               "HVDRUNNER_KEEP_INSTALLED_HOROVOD": "1"}  # fmt: skip
+    env = {"PYTHON": sys.executable, "HVDRUNNER_WHEEL_CACHE": str(tmp_path),
+           "HVDRUNNER_KEEP_INSTALLED_HOROVOD": "1"}  # fmt: skip
+    with marker_hidden():
         kept = _run(BUILDER, env)
-    finally:
-        away.rename(marker)
     assert kept.returncode == 0, kept.stdout + kept.stderr
     assert "WARNING: keeping the installed horovod 0.28.1, which lacks" in kept.stdout
     assert "hvdrunner checks before hvd.init()" in kept.stdout

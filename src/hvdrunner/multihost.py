@@ -39,11 +39,16 @@ def horovod_has_iface_patch() -> bool | None:
         >>> horovod_has_iface_patch() in (True, False, None)
         True
     """
-    try:
-        md.version("horovod")
-    except md.PackageNotFoundError:
+    if _horovod_version() is None:
         return None
     return importlib.util.find_spec(MARKER_MODULE) is not None
+
+
+def _horovod_version() -> str | None:
+    try:
+        return md.version("horovod")
+    except md.PackageNotFoundError:
+        return None
 
 
 def hostname_address(hostname: str | None = None) -> str | None:
@@ -81,11 +86,7 @@ class HostFacts:
 def host_facts() -> HostFacts:
     """This host's name, what it resolves to, and whether horovod is patched."""
     name = socket.gethostname()
-    try:
-        version: str | None = md.version("horovod")
-    except md.PackageNotFoundError:
-        version = None
-    return HostFacts(name, hostname_address(name), horovod_has_iface_patch(), version)
+    return HostFacts(name, hostname_address(name), horovod_has_iface_patch(), _horovod_version())
 
 
 def problem(facts: HostFacts, cluster_ip: str | None = None, iface: str | None = None) -> str:

@@ -203,19 +203,10 @@ class Job:
     def unpatched(self) -> Any:
         """As with a horovod hvdrunner did not build: the patch's marker module is moved
         away for the scenario (the executors share this venv), then put back."""
-        import importlib.util
+        from unpatched_horovod import marker_hidden
 
-        from hvdrunner.multihost import MARKER_MODULE
-
-        spec = importlib.util.find_spec(MARKER_MODULE)
-        assert spec is not None and spec.origin, "this horovod lacks the patch's marker"
-        marker = Path(spec.origin)
-        away = marker.with_suffix(".hidden-by-test")
-        marker.rename(away)
-        try:
+        with marker_hidden():
             return self._failure(unpatched_rank)
-        finally:
-            away.rename(marker)
 
     def hidden_cache(self) -> Any:
         from hvdrunner.keras import fit

@@ -69,15 +69,14 @@ def local_ip_towards(host: str, port: int) -> str:
 
 
 def _rank_env(
-    spec: TaskSpec, assigned: dict[str, str], address: str, task_gpus: Sequence[str]
+    spec: TaskSpec, assigned: dict[str, str], address: str, ip: str, task_gpus: Sequence[str]
 ) -> dict[str, str]:
     env = dict(os.environ)
     env.update(assigned)
-    # The interface that reaches the driver is the one the ranks reach each other on. Spark's
-    # task address is only a fallback: it can be the connection's source (127.0.0.1) for
-    # executors of a standalone cluster.
+    # The interface that reaches the driver (``ip``) is the one the ranks reach each other
+    # on. Spark's task address is only a fallback: it can be the connection's source
+    # (127.0.0.1) for executors of a standalone cluster.
     try:
-        ip = local_ip_towards(spec.driver_addr, spec.driver_port)
         iface = interface_for(ip)
     except (OSError, RuntimeError):
         ip, iface = address, interface_for(address)
@@ -113,7 +112,7 @@ def run_slot(spec: TaskSpec, partition: int, address: str, task_gpus: Sequence[s
 
     host = host_hash()
     channel = protocol.connect(spec.driver_addr, spec.driver_port, spec.key)
-    try:
+    try:  # this host's address towards the driver: names it, and picks its interface
         ip = local_ip_towards(spec.driver_addr, spec.driver_port)
     except OSError:
         ip = address
@@ -131,7 +130,7 @@ def run_slot(spec: TaskSpec, partition: int, address: str, task_gpus: Sequence[s
             return 0  # aborted before the ranks were assigned
         rank = int(assigned["HOROVOD_RANK"])
         try:
-            env = _rank_env(spec, assigned, address, task_gpus)
+            env = _rank_env(spec, assigned, address, ip, task_gpus)
         except Exception as exc:  # noqa: BLE001 - reported to the driver as this rank's failure
             channel.send(
                 "exit",
