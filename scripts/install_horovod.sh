@@ -10,8 +10,13 @@
 #   HVDRUNNER_WHEEL_CACHE   where built wheels are kept, one folder per key (default
 #                           ~/.cache/hvdrunner/wheels); a later install with the same key
 #                           takes seconds instead of minutes
-#   HVDRUNNER_HOROVOD_GPU   none (default) | nccl | auto (nccl when nvidia-smi sees a GPU
-#                           and nvcc is installed)
+#   HVDRUNNER_HOROVOD_GPU   none (default) | nccl | auto (nccl when nvidia-smi sees a GPU).
+#                           nccl needs nvcc on PATH and NCCL (nccl.h + libnccl.so: found in
+#                           HOROVOD_NCCL_HOME, /usr, /usr/local/cuda or the nvidia-nccl pip
+#                           package) and fails naming what is missing; a GPU node is never
+#                           given a CPU-only build unless `none` says so (with a warning)
+#   --wheel                 always leave the wheel in the cache (build it if missing), even
+#                           when a good horovod is already installed; then install it
 #   --print-key             print the wheel cache key (horovod, TF, Python, CUDA, flags) only
 #
 #   HVDRUNNER_KEEP_INSTALLED_HOROVOD=1
@@ -45,15 +50,17 @@ horovod_ok() {
   # Ask horovod's own build checks, not the --check-build banner (it claims PyTorch even
   # when absent). Exit 3: usable, but without the gloo interface patch.
   "$PY" - <<'PY'
-import importlib.util, sys
+import importlib.util, os, sys
 import horovod
-from horovod.common.util import gloo_built
+from horovod.common.util import gloo_built, nccl_built
 try:
     import horovod.tensorflow.mpi_ops  # noqa: F401  (raises when built without TF)
 except Exception as exc:
     sys.exit(f"horovod {horovod.__version__} has no TensorFlow extension: {exc}")
 if not gloo_built():
     sys.exit(f"horovod {horovod.__version__} was built without gloo")
+if os.environ.get("HVDRUNNER_EXPECT_NCCL") == "1" and not nccl_built():
+    sys.exit(f"horovod {horovod.__version__} was built without NCCL although a GPU build was asked for")
 if importlib.util.find_spec("horovod._hvdrunner_gloo_iface") is None:
     print(f"horovod {horovod.__version__}: TensorFlow [X] gloo [X] gloo-iface patch [ ]")
     sys.exit(3)
@@ -73,23 +80,41 @@ PY
 ) || true
 [ -n "${TF_VERSION:-}" ] || die "TensorFlow is not installed for $PY: install it first (horovod compiles against it)."
 
+has_gpu() { command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; }
+
+find_nccl() {
+  # NCCL's header and library: HOROVOD_NCCL_HOME, then the system (libnccl-dev), the CUDA
+  # toolkit, then the pip package nvidia-nccl-cu* (what torch installs). Prints "INCLUDE LIB".
+  local d
+  for d in "${HOROVOD_NCCL_HOME:-}" ${HVDRUNNER_NCCL_SEARCH:-/usr /usr/local/cuda /usr/local/nccl} \
+           $("$PY" -c 'import nvidia.nccl as n; print(list(n.__path__)[0])' 2>/dev/null); do
+    [ -n "$d" ] && [ -f "$d/include/nccl.h" ] || continue
+    for lib in "$d/lib" "$d/lib64" "$d/lib/$(uname -m)-linux-gnu" "/usr/lib/$(uname -m)-linux-gnu"; do
+      if ls "$lib"/libnccl.so* >/dev/null 2>&1; then echo "$d/include $lib"; return 0; fi
+    done
+  done
+  return 1
+}
+
+gpu_fix="install the CUDA compiler and NCCL headers matching the node's CUDA (Databricks' Horovod page: apt-get install cuda-nvcc-<major>-<minor> libnccl-dev; or pip install nvidia-nccl-cu12 and set HOROVOD_NCCL_HOME), or choose a CPU-only build explicitly with HVDRUNNER_HOROVOD_GPU=none (allreduce then runs over gloo in host memory, much slower on GPUs)"
 case "$GPU_MODE" in
-  none) GPU_TAG="cpu" ;;
+  none)
+    GPU_TAG="cpu"
+    if has_gpu; then
+      say "WARNING: this node has GPUs but HVDRUNNER_HOROVOD_GPU=none: building horovod without NCCL, as asked; allreduce will copy tensors to host memory and run over gloo"
+    fi ;;
   nccl) GPU_TAG="cuda" ;;
   auto)
-    GPU_MODE=none; GPU_TAG="cpu"
-    if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then
-      if command -v nvcc >/dev/null 2>&1; then
-        GPU_MODE=nccl; GPU_TAG="cuda"
-      else
-        say "WARNING: GPUs found but no nvcc (CUDA toolkit): building without NCCL; allreduce runs over gloo on host memory"
-      fi
-    fi ;;
+    # GPUs decide; a GPU node never silently gets a CPU-only build.
+    if has_gpu; then GPU_MODE=nccl; GPU_TAG="cuda"; else GPU_MODE=none; GPU_TAG="cpu"; fi ;;
   *) die "HVDRUNNER_HOROVOD_GPU must be none, nccl or auto (got '$GPU_MODE')" ;;
 esac
 if [ "$GPU_TAG" = "cuda" ]; then
-  command -v nvcc >/dev/null 2>&1 || die "HOROVOD GPU build needs nvcc on PATH (CUDA toolkit)."
-  GPU_TAG="cuda$(nvcc --version | sed -n 's/.*release \([0-9.]*\).*/\1/p')"
+  command -v nvcc >/dev/null 2>&1 || die "a GPU (NCCL) build of horovod needs nvcc on PATH, which this node lacks: $gpu_fix."
+  read -r NCCL_INCLUDE NCCL_LIB < <(find_nccl) || die "a GPU (NCCL) build of horovod needs nccl.h and libnccl.so, found in none of HOROVOD_NCCL_HOME, /usr, /usr/local/cuda, the nvidia-nccl pip package: $gpu_fix."
+  export HOROVOD_NCCL_INCLUDE="$NCCL_INCLUDE" HOROVOD_NCCL_LIB="$NCCL_LIB" HVDRUNNER_EXPECT_NCCL=1
+  nccl_version="$(sed -n 's/^#define NCCL_\(MAJOR\|MINOR\) *\([0-9]*\).*/\2/p' "$NCCL_INCLUDE/nccl.h" | head -2 | paste -sd. -)"
+  GPU_TAG="cuda$(nvcc --version | sed -n 's/.*release \([0-9.]*\).*/\1/p')-nccl${nccl_version:-unknown}"
 fi
 PATCHES=("$IFACE_PATCH"); PATCH_TAG=""
 if [ "$NEEDS_PATCH" = "1" ]; then PATCHES+=("$XLA_PATCH"); PATCH_TAG="-noxla"; fi
@@ -98,11 +123,17 @@ for p in "${PATCHES[@]}"; do [ -f "$p" ] || die "the horovod patch $p is missing
 PATCH_SUM="$(cat "${PATCHES[@]}" | sha256sum | cut -c1-10)"
 KEY="horovod-$HOROVOD_VERSION-tf$TF_VERSION-py$PYV-$GPU_TAG-gloo-nompi$PATCH_TAG-p$PATCH_SUM-$(uname -m)"
 DIR="$WHEEL_CACHE/$KEY"
-if [ "${1:-}" = "--print-key" ]; then echo "$KEY"; exit 0; fi
+WANT_WHEEL=0
+case "${1:-}" in
+  --print-key) echo "$KEY"; exit 0 ;;
+  --wheel) WANT_WHEEL=1 ;;
+  "") ;;
+  *) die "unknown argument '$1' (expected --print-key or --wheel)" ;;
+esac
 mkdir -p "$DIR" || die "cannot create the wheel cache $DIR (set HVDRUNNER_WHEEL_CACHE)"
 
 installed="$("$PY" -c 'import importlib.metadata as m; print(m.version("horovod"))' 2>/dev/null || true)"
-if [ "$installed" = "$HOROVOD_VERSION" ]; then
+if [ "$installed" = "$HOROVOD_VERSION" ] && [ "$WANT_WHEEL" = 0 ]; then
   rc=0; horovod_ok >/dev/null 2>&1 || rc=$?
   if [ "$rc" = 0 ]; then
     say "horovod $HOROVOD_VERSION already installed with TensorFlow, gloo and hvdrunner's patches"
@@ -125,7 +156,7 @@ else
   export HOROVOD_WITH_TENSORFLOW=1 HOROVOD_WITH_GLOO=1 HOROVOD_WITHOUT_MPI=1 \
          HOROVOD_WITHOUT_MXNET=1 HOROVOD_WITHOUT_PYTORCH=1 HOROVOD_WITHOUT_JAX=1 \
          MAKEFLAGS="${MAKEFLAGS:--j$(nproc)}"
-  [ "$GPU_MODE" = "nccl" ] && export HOROVOD_GPU_OPERATIONS=NCCL
+  if [ "$GPU_MODE" = "nccl" ]; then export HOROVOD_GPU_OPERATIONS=NCCL; fi
   tmp="$(mktemp -d)"
   trap 'rm -rf "$tmp"' EXIT
   say "downloading the horovod $HOROVOD_VERSION sdist"

@@ -1,5 +1,6 @@
-"""The horovod builder and the Databricks init script, run for real against this stack's venv
-(the cached wheel makes them fast); a Databricks cluster itself cannot exist here."""
+"""The horovod builder, run for real against this stack's venv (the cached wheel makes it
+fast). GPU nodes are faked (nvidia-smi, nvcc and NCCL stand-ins on PATH): no GPU here. The
+Databricks wheel job: tests/test_databricks_wheel.py."""
 
 from __future__ import annotations
 
@@ -16,7 +17,6 @@ from hvdrunner.keras import compat
 
 ROOT = Path(__file__).resolve().parents[1]
 BUILDER = ROOT / "scripts" / "install_horovod.sh"
-INIT = ROOT / "scripts" / "databricks" / "install_horovod.sh"
 
 
 def _run(script: Path, env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
@@ -91,18 +91,60 @@ def test_patch_applies_to_the_horovod_sdist_cmake_line():
     assert "+++ b/horovod/tensorflow/CMakeLists.txt" in patch
 
 
-def test_databricks_init_script_needs_its_settings_and_delegates(tmp_path):
-    missing = _run(INIT, {"HVDRUNNER_SRC": "", "HVDRUNNER_WHEEL_CACHE": str(tmp_path)})
-    assert missing.returncode != 0 and "HVDRUNNER_SRC" in missing.stderr
-    # On a cluster whose Python already has horovod (15.4 LTS ML) it checks and exits 0.
-    proc = _run(INIT, {"HVDRUNNER_SRC": str(ROOT), "HVDRUNNER_PYTHON": sys.executable,
-                       "HVDRUNNER_WHEEL_CACHE": str(tmp_path), "HVDRUNNER_HOROVOD_GPU": "none"})  # fmt: skip
-    assert proc.returncode == 0, proc.stdout + proc.stderr
-    assert "already installed" in proc.stdout
-
-
 @pytest.mark.parametrize("mode", ["bogus"])
 def test_builder_refuses_an_unknown_gpu_mode(tmp_path, mode):
     proc = _run(BUILDER, {"PYTHON": sys.executable, "HVDRUNNER_WHEEL_CACHE": str(tmp_path),
                           "HVDRUNNER_HOROVOD_GPU": mode}, "--print-key")  # fmt: skip
     assert proc.returncode != 0 and "must be none, nccl or auto" in proc.stderr
+
+
+def _fake_gpu_node(tmp_path: Path, nvcc: bool) -> dict[str, str]:
+    """PATH with a fake nvidia-smi that sees one GPU (and a fake nvcc 12.4 if asked)."""
+    bin_dir = tmp_path / "fakebin"
+    bin_dir.mkdir()
+    tools = {"nvidia-smi": "echo 'GPU 0: NVIDIA A10G (UUID: GPU-fake)'"}
+    if nvcc:
+        tools["nvcc"] = "echo 'Cuda compilation tools, release 12.4, V12.4.131'"
+    for name, body in tools.items():
+        (bin_dir / name).write_text(f"#!/bin/sh\n{body}\n")
+        (bin_dir / name).chmod(0o755)
+    return {"PATH": f"{bin_dir}:/usr/bin:/bin", "HVDRUNNER_NCCL_SEARCH": str(tmp_path / "none")}
+
+
+def _fake_nccl(tmp_path: Path) -> Path:
+    home = tmp_path / "nccl"
+    (home / "include").mkdir(parents=True)
+    (home / "lib").mkdir()
+    (home / "include" / "nccl.h").write_text("#define NCCL_MAJOR 2\n#define NCCL_MINOR 21\n")
+    (home / "lib" / "libnccl.so.2").write_bytes(b"")
+    return home
+
+
+def test_a_gpu_node_without_nvcc_fails_naming_the_fix_instead_of_building_cpu_only(tmp_path):
+    env = {"PYTHON": sys.executable, "HVDRUNNER_WHEEL_CACHE": str(tmp_path / "c"),
+           "HVDRUNNER_HOROVOD_GPU": "auto", **_fake_gpu_node(tmp_path, nvcc=False)}  # fmt: skip
+    proc = _run(BUILDER, env, "--print-key")
+    assert proc.returncode != 0
+    assert "needs nvcc on PATH" in proc.stderr
+    assert "cuda-nvcc" in proc.stderr and "HVDRUNNER_HOROVOD_GPU=none" in proc.stderr
+
+
+def test_a_gpu_build_finds_nccl_or_says_where_it_looked(tmp_path):
+    env = {"PYTHON": sys.executable, "HVDRUNNER_WHEEL_CACHE": str(tmp_path / "c"),
+           "HVDRUNNER_HOROVOD_GPU": "auto", **_fake_gpu_node(tmp_path, nvcc=True)}  # fmt: skip
+    missing = _run(BUILDER, env, "--print-key")
+    assert missing.returncode != 0
+    assert "needs nccl.h and libnccl.so" in missing.stderr and "libnccl-dev" in missing.stderr
+    found = _run(BUILDER, {**env, "HOROVOD_NCCL_HOME": str(_fake_nccl(tmp_path))}, "--print-key")
+    assert found.returncode == 0, found.stderr
+    assert "-cuda12.4-nccl2.21-gloo-nompi" in found.stdout.strip()
+
+
+def test_a_cpu_only_build_on_a_gpu_node_is_an_explicit_loud_choice(tmp_path):
+    env = {"PYTHON": sys.executable, "HVDRUNNER_WHEEL_CACHE": str(tmp_path / "c"),
+           "HVDRUNNER_HOROVOD_GPU": "none", **_fake_gpu_node(tmp_path, nvcc=False)}  # fmt: skip
+    proc = _run(BUILDER, env, "--print-key")
+    assert proc.returncode == 0, proc.stderr
+    key = proc.stdout.strip().splitlines()[-1]
+    assert "-cpu-gloo-nompi" in key
+    assert "WARNING: this node has GPUs but HVDRUNNER_HOROVOD_GPU=none" in proc.stdout

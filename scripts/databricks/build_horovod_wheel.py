@@ -1,0 +1,214 @@
+"""Build hvdrunner's horovod wheel once for a Databricks runtime and publish it to a volume.
+
+The bundle's one-off job ``hvdrunner_build_horovod`` (resources/build_horovod_job.yml) runs
+this on a single-node cluster of the runtime the training job uses. The training job then
+attaches the published wheel as a task library: every node installs the same file, from the
+volume, in seconds, with no PyPI and no compiler (Databricks' own advice: libraries, not
+init scripts, install packages). Stdlib only: it runs before anything is installed.
+
+    python build_horovod_wheel.py --src /Workspace/Users/me/.bundle/hvdrunner/dev/files \\
+        --out /Volumes/main/default/hvdrunner/wheels/18.0.x-gpu-ml-scala2.13
+
+Steps: check --src (the deployed bundle: scripts/install_horovod.sh and patches/) and --out;
+with --install-build-tools add what the build needs and lacks (cmake 3.x from PyPI; nvcc and
+NCCL headers from apt on GPU nodes); build or reuse the wheel through the one builder
+(``install_horovod.sh --wheel``, which installs and checks it here); copy it to --out under a
+temporary name and rename it into place (a reader never sees half a wheel; two builds of the
+same key write the same bytes), with ``<wheel>.json`` beside it saying what it was built
+for. An --out wheel whose recorded key matches is kept (seconds) unless --rebuild.
+Every failure exits non-zero with the cause and the fix.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import glob
+import hashlib
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+
+DATABRICKS_PYTHON = "/databricks/python/bin/python"
+
+
+class BuildError(Exception):
+    """A failure the user can fix; the message says how."""
+
+
+def _say(msg: str) -> None:
+    print(f"==> [build_horovod_wheel {datetime.datetime.now():%H:%M:%S}] {msg}", flush=True)
+
+
+def _builder(src: str) -> str:
+    path = os.path.join(src, "scripts", "install_horovod.sh")
+    if not os.path.isfile(path):
+        raise BuildError(
+            f"--src {src!r} has no scripts/install_horovod.sh: pass the deployed bundle's file "
+            "path (${workspace.file_path}, e.g. /Workspace/Users/<you>/.bundle/hvdrunner/dev/files)"
+        )
+    return path
+
+
+def _writable(out: str) -> None:
+    try:
+        os.makedirs(out, exist_ok=True)
+        with tempfile.NamedTemporaryFile(dir=out, prefix=".probe-"):
+            pass
+    except OSError as exc:
+        raise BuildError(
+            f"--out {out!r} is not writable ({exc}): create the Unity Catalog volume first "
+            "(CREATE VOLUME <catalog>.<schema>.<volume>) and grant WRITE VOLUME to the job's identity"
+        ) from exc
+
+
+def _run(cmd: list[str], env: dict[str, str], what: str) -> str:
+    """Run ``cmd`` with its output streamed; the last line of output is returned."""
+    proc = subprocess.Popen(
+        cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+    )
+    last = ""
+    assert proc.stdout is not None
+    for line in proc.stdout:
+        print(line, end="", flush=True)
+        last = line.strip() or last
+    if proc.wait() != 0:
+        raise BuildError(f"{what} failed (exit {proc.returncode}): {last}")
+    return last
+
+
+def _has_gpu() -> bool:
+    if shutil.which("nvidia-smi") is None:
+        return False
+    return subprocess.run(["nvidia-smi", "-L"], capture_output=True).returncode == 0
+
+
+def _cuda_version() -> str | None:
+    """The node's CUDA toolkit version (major.minor), from the toolkit's version.json."""
+    try:
+        with open("/usr/local/cuda/version.json") as f:
+            version = json.load(f)["cuda"]["version"]
+    except (OSError, KeyError, ValueError):
+        return None
+    return ".".join(version.split(".")[:2])
+
+
+def _install_build_tools(python: str, env: dict[str, str], gpu: str) -> None:
+    """cmake 3.x (horovod 0.28.1's CMake files reject cmake 4), and on GPU nodes nvcc + NCCL."""
+    cmake = shutil.which("cmake", path=env["PATH"])
+    major = None
+    if cmake:
+        out = subprocess.run([cmake, "--version"], capture_output=True, text=True).stdout
+        major = out.split()[2].split(".")[0] if out.startswith("cmake version") else None
+    if cmake is None or major != "3":
+        _say("installing cmake 3.x from PyPI (horovod 0.28.1 needs cmake >= 3.18, < 4)")
+        _run([python, "-m", "pip", "install", "-q", "cmake>=3.18,<4"], env, "pip install cmake<4")
+    if gpu == "none" or not _has_gpu() or shutil.which("nvcc", path=env["PATH"]):
+        return
+    cuda = _cuda_version()
+    if cuda is None or shutil.which("apt-get") is None:
+        return  # the builder then names what is missing
+    pkg = f"cuda-nvcc-{cuda.replace('.', '-')}"
+    _say(f"GPU node without nvcc: apt-get install {pkg} libnccl-dev (Databricks' Horovod page)")
+    _run(["apt-get", "update", "-q"], env, "apt-get update")
+    _run(["apt-get", "install", "-y", "-q", pkg, "libnccl-dev"], env, f"apt-get install {pkg}")
+
+
+def _published(out: str, key: str) -> str | None:
+    """The wheel in ``out`` recorded for ``key``, if its bytes still match the record."""
+    for meta in glob.glob(os.path.join(out, "horovod-*.whl.json")):
+        try:
+            with open(meta) as f:
+                info = json.load(f)
+        except (OSError, ValueError):
+            continue
+        wheel = meta[: -len(".json")]
+        if info.get("key") == key and os.path.isfile(wheel) and _sha256(wheel) == info.get("sha256"):
+            return wheel
+    return None
+
+
+def _sha256(path: str) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def _atomic_copy(src: str, dest: str) -> None:
+    tmp = os.path.join(os.path.dirname(dest), f".{os.path.basename(dest)}.partial-{os.getpid()}")
+    try:
+        shutil.copyfile(src, tmp)
+        os.replace(tmp, dest)
+    finally:
+        if os.path.exists(tmp):
+            os.remove(tmp)
+
+
+def _publish(wheel: str, out: str, key: str) -> str:
+    dest = os.path.join(out, os.path.basename(wheel))
+    _atomic_copy(wheel, dest)
+    info = {
+        "key": key,
+        "sha256": _sha256(dest),
+        "runtime": os.environ.get("DATABRICKS_RUNTIME_VERSION", "not Databricks"),
+        "built_at": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+    }
+    with tempfile.NamedTemporaryFile("w", dir=out, prefix=".meta-", delete=False) as f:
+        json.dump(info, f, indent=2)
+    os.replace(f.name, dest + ".json")
+    return dest
+
+
+def build(args: argparse.Namespace) -> str:
+    """Build or reuse the wheel; returns its published path."""
+    builder = _builder(args.src)
+    _writable(args.out)
+    python = args.python or (DATABRICKS_PYTHON if os.path.exists(DATABRICKS_PYTHON) else sys.executable)
+    env = dict(os.environ, PYTHON=python, HVDRUNNER_WHEEL_CACHE=args.cache, HVDRUNNER_HOROVOD_GPU=args.gpu)
+    # The interpreter's own bin first: a cmake installed from PyPI lands there.
+    env["PATH"] = f"{os.path.dirname(python)}{os.pathsep}{env.get('PATH', '')}"
+    if args.install_build_tools:
+        _install_build_tools(python, env, args.gpu)
+    key = _run(["bash", builder, "--print-key"], env, "the horovod builder (--print-key)")
+    if not args.rebuild and (wheel := _published(args.out, key)):
+        _say(f"{wheel} is already built for {key}: kept (--rebuild to build again)")
+        return wheel
+    _say(f"building or reusing {key} (cache {args.cache})")
+    _run(["bash", builder, "--wheel"], env, "the horovod build")
+    wheels = glob.glob(os.path.join(args.cache, key, "horovod-*.whl"))
+    if len(wheels) != 1:
+        raise BuildError(f"the builder left {len(wheels)} wheels in {args.cache}/{key}, expected 1")
+    return _publish(wheels[0], args.out, key)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point: parse the arguments, build, print the task library line."""
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--src", required=True, help="the deployed bundle's files (${workspace.file_path})")
+    parser.add_argument("--out", required=True, help="volume folder for the wheel, one per runtime")
+    parser.add_argument("--python", help=f"interpreter to build for (default {DATABRICKS_PYTHON})")
+    parser.add_argument("--gpu", choices=("auto", "nccl", "none"), default="auto",
+                        help="auto: NCCL on GPU nodes (fails if nvcc/NCCL are missing); none: CPU-only, on purpose")  # fmt: skip
+    parser.add_argument("--cache", default=os.path.expanduser("~/.cache/hvdrunner/wheels"),
+                        help="local wheel cache of the builder")  # fmt: skip
+    parser.add_argument("--install-build-tools", action="store_true",
+                        help="install cmake 3.x (PyPI) and, on GPU nodes, nvcc + NCCL headers (apt) when missing")  # fmt: skip
+    parser.add_argument("--rebuild", action="store_true", help="build even if --out has the wheel")
+    args = parser.parse_args(argv)
+    try:
+        wheel = build(args)
+    except BuildError as exc:
+        print(f"ERROR: {exc}", file=sys.stderr, flush=True)
+        return 1
+    _say(f"published {wheel}")
+    print(f"The training job installs it as a task library:\n  libraries:\n    - whl: {wheel}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,171 @@
+"""The bundle as the Databricks CLI sees it for one target, resolved here without a workspace.
+
+A port of the CLI mutators that decide the values that matter (databricks/cli, bundle/config/
+mutator/): includes and target overrides merged (maps merged, sequences concatenated, job
+tasks merged by ``task_key``: libs/dyn/merge/merge.go, merge_job_tasks.go), the default
+workspace root ``~/.bundle/<name>/<target>`` expanded to ``/Users/<user>/...``
+(default_workspace_root.go, expand_workspace_root.go) and prefixed with ``/Workspace``
+(prepend_workspace_prefix.go), ``file_path`` = root + ``/files`` (default_workspace_paths.go),
+``/Workspace/${workspace.file_path}`` rewritten to ``${workspace.file_path}`` - with the slash
+only (rewrite_workspace_prefix.go) - then ``${...}`` references resolved. ``mode_diagnostics``
+ports resourcemutator/validate_target_mode.go. No CLI binary exists here (not on PyPI).
+"""
+
+from __future__ import annotations
+
+import copy
+import glob
+import re
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+REF = re.compile(r"\$\{([a-zA-Z0-9_.\[\]-]+)\}")
+WORKSPACE_KEYS = ("root_path", "file_path", "artifact_path", "state_path", "resource_path")
+DEFAULT_LEAVES = {  # default_workspace_paths.go
+    "file_path": "files", "artifact_path": "artifacts", "state_path": "state",
+    "resource_path": "resources",
+}  # fmt: skip
+
+
+def merge(a: Any, b: Any) -> Any:
+    """The CLI's merge: b's map entries win, sequences concatenate, nil yields the other."""
+    if a is None:
+        return copy.deepcopy(b)
+    if b is None:
+        return copy.deepcopy(a)
+    if isinstance(a, dict) and isinstance(b, dict):
+        out = copy.deepcopy(a)
+        for key, value in b.items():
+            out[key] = merge(out[key], value) if key in out else copy.deepcopy(value)
+        return out
+    if isinstance(a, list) and isinstance(b, list):
+        return copy.deepcopy(a) + copy.deepcopy(b)
+    return copy.deepcopy(b)
+
+
+def _merge_tasks(config: dict[str, Any]) -> None:
+    for job in config.get("resources", {}).get("jobs", {}).values():
+        merged: dict[str, Any] = {}
+        for task in job.get("tasks", []):
+            key = task["task_key"]
+            merged[key] = merge(merged[key], task) if key in merged else task
+        job["tasks"] = list(merged.values())
+
+
+def load(root: Path) -> dict[str, Any]:
+    """databricks.yml with its include files merged in."""
+    config = yaml.safe_load((root / "databricks.yml").read_text())
+    for pattern in config.get("include", []):
+        for path in sorted(glob.glob(str(root / pattern))):
+            config = merge(config, yaml.safe_load(Path(path).read_text()))
+    return config
+
+
+def short_name(user: str) -> str:
+    """``${workspace.current_user.short_name}``: the user name before @, non-alnum as _."""
+    return re.sub(r"[^a-z0-9]", "_", user.split("@")[0].lower())
+
+
+def select(config: dict[str, Any], target: str | None, user: str) -> dict[str, Any]:
+    """The config of one target (the default one if None) before references are resolved."""
+    targets = config.get("targets", {})
+    if target is None:
+        target = next(name for name, t in targets.items() if t.get("default"))
+    chosen = targets[target]
+    out = {k: copy.deepcopy(v) for k, v in config.items() if k != "targets"}
+    for key in ("resources", "workspace", "artifacts", "run_as", "permissions", "presets"):
+        if key in chosen:
+            out[key] = merge(out.get(key), chosen[key])
+    for name, value in chosen.get("variables", {}).items():
+        default = value.get("default") if isinstance(value, dict) else value
+        out["variables"][name]["default"] = default
+    out["bundle"] = dict(out["bundle"], target=target, mode=chosen.get("mode", ""))
+    out["_explicit_root"] = bool(chosen.get("workspace", {}).get("root_path"))
+    workspace = out.setdefault("workspace", {})
+    workspace["current_user"] = {"userName": user, "short_name": short_name(user)}
+    root = workspace.get("root_path") or f"~/.bundle/{out['bundle']['name']}/{target}"
+    if root.startswith("~/"):
+        root = f"/Users/{user}/{root[2:]}"
+    workspace["root_path"] = root
+    for key, leaf in DEFAULT_LEAVES.items():
+        workspace.setdefault(key, f"{root}/{leaf}")
+    for key in WORKSPACE_KEYS:
+        path = workspace[key]
+        if path.startswith("/") and not path.startswith(("/Workspace/", "/Volumes/")):
+            workspace[key] = "/Workspace" + path
+    _merge_tasks(out)
+    return out
+
+
+def _rewrite_prefix(value: Any) -> Any:
+    if isinstance(value, dict):
+        return {k: _rewrite_prefix(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_rewrite_prefix(v) for v in value]
+    if isinstance(value, str) and any(
+        f"/Workspace/${{workspace.{k}}}" in value for k in WORKSPACE_KEYS[:4]
+    ):
+        return value.replace("/Workspace/", "")
+    return value
+
+
+def _lookup(config: dict[str, Any], ref: str) -> Any:
+    if ref.startswith("var."):
+        return config["variables"][ref[4:]].get("default")
+    node: Any = config
+    for part in ref.split("."):
+        node = node[part]
+    return node
+
+
+def resolve(config: dict[str, Any]) -> dict[str, Any]:
+    """Every ``${...}`` replaced, as after ``bundle validate`` (KeyError on an unknown one)."""
+    config = _rewrite_prefix(config)
+
+    def walk(value: Any) -> Any:
+        if isinstance(value, dict):
+            return {k: walk(v) for k, v in value.items()}
+        if isinstance(value, list):
+            return [walk(v) for v in value]
+        if not isinstance(value, str):
+            return value
+        for _ in range(10):  # references to references
+            whole = REF.fullmatch(value)
+            if whole:
+                value = _lookup(config, whole.group(1))
+                if not isinstance(value, str):
+                    return walk(value)
+                continue
+            new = REF.sub(lambda m: str(_lookup(config, m.group(1))), value)
+            if new == value:
+                break
+            value = new
+        return value
+
+    return walk(config)
+
+
+def target(root: Path, name: str | None, user: str = "someone@example.com") -> dict[str, Any]:
+    """``load`` + ``select`` + ``resolve``: the bundle as deployed to target ``name``."""
+    return resolve(select(load(root), name, user))
+
+
+def mode_diagnostics(config: dict[str, Any], service_principal: bool = False) -> list[tuple[str, str]]:
+    """(severity, summary) of validate_target_mode.go for a selected, resolved config."""
+    mode = config["bundle"]["mode"]
+    workspace = config["workspace"]
+    user = workspace["current_user"]
+    if mode == "development":
+        for key in WORKSPACE_KEYS:
+            path = workspace[key]
+            if user["userName"] not in path and user["short_name"] not in path:
+                return [("error", f"{key} must start with '~/' or contain the current username")]
+        return []
+    if mode == "production" and not config["_explicit_root"]:
+        jobs = config.get("resources", {}).get("jobs", {}).values()
+        if service_principal or all(job.get("run_as") for job in jobs):
+            return [("recommendation", "target with 'mode: production' should set 'workspace.root_path'")]
+        return [("error", "target with 'mode: production' must set 'workspace.root_path'")]
+    return []
