@@ -7,7 +7,7 @@
 # MAGIC | widget | meaning | default |
 # MAGIC |---|---|---|
 # MAGIC | `source` | `sklearn:digits` (bundled, no download), a table name, or a path | `sklearn:digits` |
-# MAGIC | `output_dir` | where train/test are written (`dbfs:/…`, `/Volumes/…`, local dir) | `.hvdrunner/demo-data` |
+# MAGIC | `output_dir` | where train/test are written (`/Volumes/…`, `dbfs:/…`, a local dir off Databricks) | `/Volumes/main/default/hvdrunner/data` |
 # MAGIC | `test_fraction` | share of rows held out for testing | `0.2` |
 # MAGIC
 # MAGIC Task values set: `train_path`, `test_path`.
@@ -18,8 +18,13 @@
 
 # COMMAND ----------
 
+# Since DBR 13 a %pip install needs a restart before the new packages import.
+dbutils.library.restartPython()
+
+# COMMAND ----------
+
 dbutils.widgets.text("source", "sklearn:digits", "Source")
-dbutils.widgets.text("output_dir", ".hvdrunner/demo-data", "Output directory")
+dbutils.widgets.text("output_dir", "/Volumes/main/default/hvdrunner/data", "Output directory")
 dbutils.widgets.text("test_fraction", "0.2", "Test fraction")
 
 # COMMAND ----------

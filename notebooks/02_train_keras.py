@@ -13,14 +13,19 @@
 # MAGIC | `warmup_epochs` | linear LR warmup | `2` |
 # MAGIC | `experiment` | MLflow experiment (a workspace path on Databricks) | `hvdrunner-digits` |
 # MAGIC | `checkpoint_dir` | rank-0 checkpoints; a retried job resumes from them (empty: none) | `` |
-# MAGIC | `cache_dir` | where the DataFrame is materialized for the ranks | `.hvdrunner/data-cache` |
-# MAGIC | `train_path` | training data (default: task value of `prepare_data`) | `` |
+# MAGIC | `cache_dir` | where the DataFrame is materialized for the ranks (every node must see it) | `/Volumes/main/default/hvdrunner/cache` |
+# MAGIC | `train_path` | training data (empty: task value of `prepare_data`; set it when running by hand) | `` |
 # MAGIC
 # MAGIC Task values set: `model_uri`, `run_id`.
 
 # COMMAND ----------
 
 # MAGIC %pip install -r ../requirements.txt
+
+# COMMAND ----------
+
+# Since DBR 13 a %pip install needs a restart before the new packages import.
+dbutils.library.restartPython()
 
 # COMMAND ----------
 
@@ -31,7 +36,7 @@ dbutils.widgets.text("learning_rate", "0.001", "Learning rate (before scaling)")
 dbutils.widgets.text("warmup_epochs", "2", "Warmup epochs")
 dbutils.widgets.text("experiment", "hvdrunner-digits", "MLflow experiment")
 dbutils.widgets.text("checkpoint_dir", "", "Checkpoint directory")
-dbutils.widgets.text("cache_dir", ".hvdrunner/data-cache", "Data cache directory")
+dbutils.widgets.text("cache_dir", "/Volumes/main/default/hvdrunner/cache", "Data cache directory")
 dbutils.widgets.text("train_path", "", "Training data path")
 
 # COMMAND ----------
@@ -55,9 +60,10 @@ def build_model():
 from hvdrunner import HorovodRunner, datasets, tracking
 from hvdrunner.data import prepare
 from hvdrunner.keras import fit
+from hvdrunner.notebook import upstream
 
 w = dbutils.widgets.get
-train_path = w("train_path") or dbutils.jobs.taskValues.get("prepare_data", "train_path")
+train_path = upstream(dbutils, "train_path", "prepare_data")
 with tracking.mlflow_run(experiment=w("experiment"), run_name=f"np{w('np')}") as run:
     data = prepare(datasets.read(spark, train_path), features="pixels", label="label", cache_dir=w("cache_dir"))
     result = HorovodRunner(np=int(w("np")), driver_log_verbosity="all").run(

@@ -7,10 +7,10 @@
 # MAGIC
 # MAGIC | widget | meaning | default |
 # MAGIC |---|---|---|
-# MAGIC | `test_path` | data to score (default: task value of `prepare_data`) | `` |
-# MAGIC | `model_uri` | MLflow model (default: task value of `train_keras`) | `` |
-# MAGIC | `run_id` | run to log `test_accuracy` to (default: task value of `train_keras`) | `` |
-# MAGIC | `predictions_path` | where predictions are written | `.hvdrunner/demo-data/predictions` |
+# MAGIC | `test_path` | data to score (empty: task value of `prepare_data`) | `` |
+# MAGIC | `model_uri` | MLflow model (empty: task value of `train_keras`) | `` |
+# MAGIC | `run_id` | run to log `test_accuracy` to (empty: task value of `train_keras`) | `` |
+# MAGIC | `predictions_path` | where predictions are written | `/Volumes/main/default/hvdrunner/predictions` |
 
 # COMMAND ----------
 
@@ -18,20 +18,26 @@
 
 # COMMAND ----------
 
+# Since DBR 13 a %pip install needs a restart before the new packages import.
+dbutils.library.restartPython()
+
+# COMMAND ----------
+
 dbutils.widgets.text("test_path", "", "Test data path")
 dbutils.widgets.text("model_uri", "", "Model URI")
 dbutils.widgets.text("run_id", "", "MLflow run id")
-dbutils.widgets.text("predictions_path", ".hvdrunner/demo-data/predictions", "Predictions path")
+dbutils.widgets.text("predictions_path", "/Volumes/main/default/hvdrunner/predictions", "Predictions path")
 
 # COMMAND ----------
 
 from hvdrunner import datasets
 from hvdrunner.inference import score
+from hvdrunner.notebook import upstream
 
 w = dbutils.widgets.get
-test_path = w("test_path") or dbutils.jobs.taskValues.get("prepare_data", "test_path")
-model_uri = w("model_uri") or dbutils.jobs.taskValues.get("train_keras", "model_uri")
-run_id = w("run_id") or dbutils.jobs.taskValues.get("train_keras", "run_id")
+test_path = upstream(dbutils, "test_path", "prepare_data")
+model_uri = upstream(dbutils, "model_uri", "train_keras")
+run_id = upstream(dbutils, "run_id", "train_keras")
 result = score(
     spark, model_uri, datasets.read(spark, test_path), features="pixels", label="label",
     output_path=w("predictions_path"), run_id=run_id,

@@ -324,14 +324,21 @@ def test_fit_fails_loudly_when_ranks_drift_apart(digits, store):
         ({"cycle_time_ms": -1}, ValueError, "cycle_time_ms must be a number >= 0"),
         ({"epoch": 3}, TypeError, r"unexpected argument\(s\) \['epoch'\]"),
         ({"data": [1, 2, 3]}, TypeError, "data must be prepared input"),
+        # Unity Catalog's registry: checked before training, not when logging at the end.
+        ({"registered_model_name": "digits"}, ValueError, "needs a three-level name"),
     ],
 )
 def test_fit_arguments_are_checked_on_the_driver_before_launch(digits, kwargs, error, match):
     data, _, _ = digits
     base = dict(build_model=build_mlp, data=data, epochs=1, batch_size=32, loss="mse")
     started = time.monotonic()
-    with pytest.raises(error, match=match):
-        HorovodRunner(np=-2).run(fit, **(base | kwargs))
+    previous = mlflow.get_registry_uri()
+    mlflow.set_registry_uri("databricks-uc")  # only read, never contacted, by the check
+    try:
+        with pytest.raises(error, match=match):
+            HorovodRunner(np=-2).run(fit, **(base | kwargs))
+    finally:
+        mlflow.set_registry_uri(previous)
     assert time.monotonic() - started < 5  # no rank was started
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
@@ -90,7 +91,47 @@ def test_undefined_widget_and_missing_task_value(tmp_path):
         dbutils.widgets.get("nope")
     with pytest.raises(ValueError, match="run that notebook first"):
         dbutils.jobs.taskValues.get("other", "key")
-    assert dbutils.jobs.taskValues.get("other", "key", debugValue=5) == 5
+    # In a job, as on Databricks, debugValue is ignored; default is what a missing key gives.
+    with pytest.raises(ValueError, match="run that notebook first"):
+        dbutils.jobs.taskValues.get("other", "key", debugValue=5)
+    assert dbutils.jobs.taskValues.get("other", "key", default=4, debugValue=5) == 4
+
+
+def test_by_hand_task_values_need_a_debug_value_as_on_databricks(tmp_path):
+    (tmp_path / "tv.json").write_text('{"first": {"value": 20}}')
+    dbutils = LocalDbutils({}, str(tmp_path / "tv.json"), "t", job=False)
+    with pytest.raises(TypeError, match="Must pass debugValue when calling get outside of a job"):
+        dbutils.jobs.taskValues.get("first", "value")
+    assert dbutils.jobs.taskValues.get("first", "value", debugValue=7) == 7
+
+
+def test_upstream_takes_the_widget_then_the_task_value_and_names_the_fix(tmp_path):
+    from hvdrunner.notebook import upstream
+
+    (tmp_path / "tv.json").write_text('{"prepare_data": {"train_path": "/data/train"}}')
+    for job, params, expected in ((True, {}, "/data/train"), (True, {"train_path": "/x"}, "/x"),
+                                  (False, {"train_path": "/x"}, "/x")):  # fmt: skip
+        dbutils = LocalDbutils(params, str(tmp_path / "tv.json"), "train", job=job)
+        dbutils.widgets.text("train_path", "")
+        assert upstream(dbutils, "train_path", "prepare_data") == expected
+    by_hand = LocalDbutils({}, str(tmp_path / "tv.json"), "train", job=False)
+    by_hand.widgets.text("train_path", "")
+    with pytest.raises(ValueError, match="set the 'train_path' widget"):
+        upstream(by_hand, "train_path", "prepare_data")
+
+
+def test_restart_python_ends_the_cell_and_clears_variables_but_not_widgets(tmp_path):
+    path = _write(
+        tmp_path,
+        "01_restart.py",
+        "# Databricks notebook source\ndbutils.widgets.text('n', '3')\nbefore = 1\n\n"
+        "# COMMAND ----------\n\ndbutils.library.restartPython()\nnever = 1\n\n"
+        "# COMMAND ----------\n\nafter = 'before' in dir()\nn = dbutils.widgets.get('n')\n",
+    )
+    ns = _namespace({}, tmp_path / "tv.json", "restart")
+    run_notebook(str(path), ns)
+    assert ns["after"] is False and "never" not in ns and "before" not in ns
+    assert ns["n"] == "3" and "dbutils" in ns
 
 
 def test_task_key_strips_order_prefix():
@@ -179,3 +220,22 @@ def test_failed_notebook_ends_its_open_run_failed(tmp_path, store):
 
     run_id = json.loads(values.read_text())["fail"]["run_id"]
     assert mlflow.get_run(run_id).info.status == "FAILED"
+
+
+def test_shipped_notebooks_run_by_hand_refuse_missing_inputs_with_the_fix(tmp_path, capsys):
+    # As opened on a cluster: no task values, widget defaults. Train needs its train_path,
+    # and the volume default is refused where no /Volumes mount exists (off Databricks).
+    from hvdrunner.notebook import run
+
+    notebooks = Path(__file__).resolve().parents[1] / "notebooks"
+    code = run([str(notebooks / "02_train_keras.py")], {}, str(tmp_path / "tv.json"), "local[1]",
+               job=False)  # fmt: skip
+    assert code == 1
+    assert "widget 'train_path' is empty" in capsys.readouterr().err
+    if os.path.isdir("/Volumes"):
+        return  # a machine with a /Volumes folder (macOS) accepts the volume default
+    code = run([str(notebooks / "01_prepare_data.py")], {}, str(tmp_path / "tv.json"), "local[1]",
+               job=False)  # fmt: skip
+    assert code == 1
+    err = capsys.readouterr().err
+    assert "/Volumes/main/default/hvdrunner/data" in err and "no /Volumes mount" in err

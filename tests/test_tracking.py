@@ -177,3 +177,26 @@ def test_autolog_on_rank0_only_into_the_job_run(store):
         m.step for m in mlflow.MlflowClient().get_metric_history(run.info.run_id, "loss")
     ) == [0, 1]
     assert logged.info.status == "FINISHED"
+
+
+@pytest.mark.parametrize(
+    ("name", "registry", "match"),
+    [
+        ("digits", "databricks-uc", "needs a three-level name <catalog>.<schema>.<model>"),
+        ("main.digits", "databricks-uc", "needs a three-level name"),
+        ("main.default.digits", "databricks", "mlflow.set_registry_uri\\('databricks-uc'\\)"),
+        ("", "databricks-uc", "must be a non-empty string"),
+    ],
+)
+def test_registered_model_names_the_registry_would_refuse_are_refused_first(name, registry, match):
+    with pytest.raises(ValueError, match=match):
+        tracking.check_registered_model_name(name, registry_uri=registry)
+
+
+@pytest.mark.parametrize(
+    ("name", "registry"),
+    [(None, "databricks-uc"), ("main.default.digits", "databricks-uc"),
+     ("digits", "databricks"), ("digits", "sqlite:///x.db"), ("a.b.c", "sqlite:///x.db")],
+)  # fmt: skip
+def test_registered_model_names_the_registry_takes_pass(name, registry):
+    tracking.check_registered_model_name(name, registry_uri=registry)

@@ -66,12 +66,33 @@ def resolve(path: str) -> Location:
     return Location(f"file://{path}", path, False)
 
 
+def require_volumes(local_path: str) -> None:
+    """Refuse a ``/Volumes/...`` path where no volume mount exists (off Databricks).
+
+    Otherwise a local run as root would quietly create ``/Volumes/...`` on the root disk.
+
+    Raises:
+        ValueError: naming the path and the fix.
+
+    Example:
+        >>> require_volumes("/tmp/cache")  # not a volume: nothing to check
+    """
+    if local_path.startswith("/Volumes/") and not os.path.isdir("/Volumes"):
+        raise ValueError(
+            f"{local_path!r} is a Unity Catalog volume path, but this machine has no /Volumes "
+            f"mount (volumes exist on Databricks clusters): pass a local directory, e.g. "
+            f"--param output_dir=.hvdrunner/data, or run on Databricks"
+        )
+
+
 def ensure_writable(local_path: str) -> None:
     """Create ``local_path`` (a directory) and prove it writable with a probe file.
 
     Raises:
+        ValueError: a ``/Volumes`` path where volumes do not exist.
         OSError: it cannot be created or written (the caller words the fix).
     """
+    require_volumes(local_path)
     os.makedirs(local_path, exist_ok=True)
     probe = os.path.join(local_path, f".hvdrunner-probe-{uuid.uuid4().hex}")
     with open(probe, "w") as f:

@@ -71,6 +71,7 @@ def split_and_write(
     if not 0 < test_fraction < 1:
         raise ValueError(f"test_fraction must be between 0 and 1, got {test_fraction!r}")
     root = _paths.resolve(output_dir)
+    _paths.require_volumes(root.local_path)
     train, test = df.randomSplit([1 - test_fraction, test_fraction], seed=seed)
     out = {"format": table_format()}
     for name, part in (("train", train), ("test", test)):
@@ -80,7 +81,9 @@ def split_and_write(
 
 def write(df: Any, path: str) -> str:
     """Overwrite ``path`` with ``df`` in :func:`table_format`; returns its Spark URL."""
-    url = _paths.resolve(path).spark_url
+    loc = _paths.resolve(path)
+    _paths.require_volumes(loc.local_path)
+    url = loc.spark_url
     df.write.format(table_format()).mode("overwrite").save(url)
     return url
 

@@ -63,6 +63,42 @@ def driver_context() -> dict[str, str]:
     return env
 
 
+def check_registered_model_name(name: str | None, registry_uri: str | None = None) -> None:
+    """Refuse a model name the registry would refuse, on the driver, before any rank starts.
+
+    Unity Catalog (registry ``databricks-uc``; MLflow 3's default on Databricks) needs
+    ``<catalog>.<schema>.<model>``; the workspace registry (``databricks``, MLflow 2's default
+    there) rejects such a three-level name. Without this, the error comes after training.
+
+    Raises:
+        ValueError: naming the argument, the registry and the fix.
+
+    Example:
+        >>> check_registered_model_name("main.ml.digits", registry_uri="databricks-uc")
+    """
+    if name is None:
+        return
+    if not isinstance(name, str) or not name.strip():
+        raise ValueError(f"registered_model_name must be a non-empty string or None, got {name!r}")
+    if registry_uri is None:
+        import mlflow
+
+        registry_uri = mlflow.get_registry_uri() or ""
+    parts = name.split(".")
+    three_level = len(parts) == 3 and all(parts)
+    if registry_uri.startswith("databricks-uc") and not three_level:
+        raise ValueError(
+            f"registered_model_name={name!r}: the Unity Catalog registry ({registry_uri}) needs "
+            f"a three-level name <catalog>.<schema>.<model>, e.g. 'main.default.{parts[-1]}'"
+        )
+    if registry_uri.startswith("databricks") and not registry_uri.startswith("databricks-uc") and three_level:
+        raise ValueError(
+            f"registered_model_name={name!r} is a Unity Catalog name, but the registry is the "
+            f"workspace registry ({registry_uri}): call mlflow.set_registry_uri('databricks-uc') "
+            f"before the run, or pass a workspace model name without dots"
+        )
+
+
 def secrets_in(env: Mapping[str, str]) -> list[str]:
     """The secret values among ``env`` (to scrub from anything shown or stored)."""
     return [env[k] for k in _SECRET_ENV if env.get(k)]

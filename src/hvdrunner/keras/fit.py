@@ -8,6 +8,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from hvdrunner import tracking
 from hvdrunner.distributed import is_rank0
 from hvdrunner.keras import callbacks as hk_callbacks
 from hvdrunner.keras import compat
@@ -192,7 +193,6 @@ def fit(
     import horovod.tensorflow as hvd
     import tensorflow as tf
 
-    from hvdrunner import tracking
 
     keras = compat.tf_keras()
     _horovod_env(hvd, cfg)
@@ -333,6 +333,7 @@ def _preflight(**kwargs: Any) -> None:
         )
     cfg = _config(kwargs)
     compat.check_backend()
+    tracking.check_registered_model_name(cfg.registered_model_name)
     if cfg.checkpoint_dir:
         check_dir(cfg.checkpoint_dir)
     for name in ("data", "validation"):

@@ -1,13 +1,16 @@
 """Run Databricks source-format notebooks locally, as the tasks of one job.
 
 - ``run``: the cell runner (``python -m hvdrunner.notebook run NOTEBOOK... --param k=v``).
-- ``shim``: the local ``dbutils`` (widgets, task values, ``notebook.exit``) and ``display``.
+- ``shim``: the local ``dbutils`` (widgets, task values, ``notebook.exit``,
+  ``library.restartPython``) and ``display``.
+- ``upstream``: a widget's value, else an upstream task's value (the shipped notebooks).
 
 Example:
     >>> from hvdrunner.notebook import run  # doctest: +SKIP
     >>> run(["notebooks/01_prepare_data.py"], {"np": "2"}, ".hvdrunner/tv.json", "local[2]")
 """
 
+from hvdrunner.notebook.params import upstream
 from hvdrunner.notebook.run import (
     NotebookError,
     check_params,
@@ -30,5 +33,6 @@ __all__ = [
     "run",
     "run_notebook",
     "task_key",
+    "upstream",
     "widgets",
 ]

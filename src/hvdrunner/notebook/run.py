@@ -7,7 +7,10 @@ Cells (split at ``# COMMAND ----------``) run in order in one namespace holding 
 (local Spark), ``dbutils`` (widgets, task values, ``notebook.exit``) and ``display``.
 Markdown cells are shown as a heading; ``%pip`` and other magics are skipped with a note.
 Several notebooks in one command share the Spark session and their task values, like the
-tasks of one job. An error names the notebook, the cell number and the line.
+tasks of one job; ``--interactive`` runs them as notebooks opened by hand instead
+(``taskValues.get`` then needs a ``debugValue``, as on Databricks).
+``dbutils.library.restartPython()`` clears the notebook's variables, as on Databricks.
+An error names the notebook, the cell number and the line.
 
 As on Databricks: ``dbutils.notebook.exit(value)`` ends that notebook successfully and the
 chain goes on. Unlike a local script, ``sys.exit()`` in a cell is an error here (on
@@ -29,7 +32,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from hvdrunner.notebook.shim import LocalDbutils, NotebookExit, display
+from hvdrunner.notebook.shim import LocalDbutils, NotebookExit, PythonRestart, display
 
 HEADER = "# Databricks notebook source"
 SEPARATOR = re.compile(r"^# COMMAND -{10,}[ \t]*$", re.MULTILINE)
@@ -105,8 +108,13 @@ def _say(msg: str) -> None:
 
 
 def run_notebook(path: str, namespace: dict[str, Any]) -> str | None:
-    """Run one notebook's cells in ``namespace``; returns its ``dbutils.notebook.exit`` value."""
+    """Run one notebook's cells in ``namespace``; returns its ``dbutils.notebook.exit`` value.
+
+    ``dbutils.library.restartPython()`` ends its cell and leaves only the Databricks globals
+    (``spark``, ``sc``, ``dbutils``, ``display``) in ``namespace``, as a restart does.
+    """
     cells = parse(path)
+    initial = dict(namespace)
     name = Path(path).name
     _say(f"{name}: {len(cells)} cells")
     for cell in cells:
@@ -135,6 +143,10 @@ def run_notebook(path: str, namespace: dict[str, Any]) -> str | None:
         except NotebookExit as done:
             _say(f"{name}: exited with {done.value!r}")
             return done.value
+        except PythonRestart:
+            _say(f"{name} cell {cell.number}: Python restarted (notebook variables cleared)")
+            namespace.clear()
+            namespace.update(initial)
         except SystemExit as exc:
             raise NotebookError(
                 f"{name}: cell {cell.number} called sys.exit({exc.code!r}). On Databricks "
@@ -185,9 +197,12 @@ def _fail_open_run(error: str) -> None:
         tracking.mark_failed(error, [])
 
 
-def run(paths: list[str], params: dict[str, str], task_values_file: str, master: str) -> int:
+def run(
+    paths: list[str], params: dict[str, str], task_values_file: str, master: str, job: bool = True
+) -> int:
     """Run notebooks in order as the tasks of one job; 0 on success, 1 on a failed cell,
-    2 on bad input (not a notebook, unknown parameter), before anything runs."""
+    2 on bad input (not a notebook, unknown parameter), before anything runs.
+    ``job=False``: as notebooks run by hand (task values only through ``debugValue``)."""
     try:
         for path in paths:
             parse(path)
@@ -203,7 +218,7 @@ def run(paths: list[str], params: dict[str, str], task_values_file: str, master:
     try:
         for i, path in enumerate(paths, start=1):
             _say(f"[{i}/{len(paths)}] running {path} (task {task_key(path)})")
-            dbutils = LocalDbutils(params, task_values_file, task_key(path))
+            dbutils = LocalDbutils(params, task_values_file, task_key(path), job=job)
             namespace = {
                 "__name__": "__main__",
                 "spark": spark,
@@ -245,6 +260,11 @@ def main(argv: list[str] | None = None) -> int:
         "--task-values", default=".hvdrunner/task_values.json", help="where task values persist"
     )
     r.add_argument("--master", default=os.environ.get("HVDRUNNER_SPARK_MASTER", "local[2]"))
+    r.add_argument(
+        "--interactive",
+        action="store_true",
+        help="as notebooks run by hand, not as a job: task values come only from debugValue",
+    )
     args = parser.parse_args(argv)
     params = {}
     for item in args.param:
@@ -255,7 +275,7 @@ def main(argv: list[str] | None = None) -> int:
     for path in args.notebooks:
         if not Path(path).is_file():
             parser.error(f"{path}: no such notebook")
-    return run(args.notebooks, params, args.task_values, args.master)
+    return run(args.notebooks, params, args.task_values, args.master, job=not args.interactive)
 
 
 if __name__ == "__main__":

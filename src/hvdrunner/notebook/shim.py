@@ -1,8 +1,10 @@
 """A local stand-in for the Databricks notebook globals: ``dbutils`` and ``display``.
 
-Only what hvdrunner's notebooks use: widgets, ``jobs.taskValues``, ``notebook.exit``.
-Task values persist in a JSON file so that notebooks run one after another chain as the
-tasks of a job do.
+Only what hvdrunner's notebooks use: widgets, ``jobs.taskValues``, ``notebook.exit``,
+``library.restartPython``. Task values persist in a JSON file so that notebooks run one after
+another chain as the tasks of a job do. As on Databricks: outside a job run (``job=False``,
+a notebook run by hand) ``taskValues.get`` returns its ``debugValue`` and raises without
+one; ``restartPython()`` ends the cell and clears the notebook's variables.
 """
 
 from __future__ import annotations
@@ -19,6 +21,10 @@ class NotebookExit(Exception):  # noqa: N818 - mirrors dbutils.notebook.exit
     def __init__(self, value: str) -> None:
         super().__init__(value)
         self.value = value
+
+
+class PythonRestart(Exception):  # noqa: N818 - a signal to the runner, not an error
+    """Raised by ``dbutils.library.restartPython()``: the runner clears the namespace."""
 
 
 class _Widgets:
@@ -60,9 +66,10 @@ class _Widgets:
 
 
 class _TaskValues:
-    def __init__(self, store: str, task_key: str) -> None:
+    def __init__(self, store: str, task_key: str, job: bool) -> None:
         self._store = store
         self._task_key = task_key
+        self._job = job
 
     def _load(self) -> dict[str, dict[str, Any]]:
         if not os.path.exists(self._store):
@@ -80,19 +87,29 @@ class _TaskValues:
         os.replace(tmp, self._store)
 
     def get(self, taskKey: str, key: str, default: Any = None, debugValue: Any = None) -> Any:  # noqa: N803
+        if not self._job:  # Databricks' behaviour in a notebook run by hand
+            if debugValue is None:
+                raise TypeError(
+                    "Must pass debugValue when calling get outside of a job context. "
+                    "debugValue cannot be None."
+                )
+            return debugValue
         value = self._load().get(taskKey, {}).get(key)
         if value is not None:
             return value
         if default is not None:
             return default
-        if debugValue is not None:  # what Databricks returns outside a job run
-            return debugValue
         raise ValueError(f"no task value {key!r} from task {taskKey!r}; run that notebook first")
 
 
 class _Jobs:
-    def __init__(self, store: str, task_key: str) -> None:
-        self.taskValues = _TaskValues(store, task_key)
+    def __init__(self, store: str, task_key: str, job: bool) -> None:
+        self.taskValues = _TaskValues(store, task_key, job)
+
+
+class _Library:
+    def restartPython(self) -> None:  # noqa: N802 - Databricks' name
+        raise PythonRestart()
 
 
 class _Notebook:
@@ -101,12 +118,15 @@ class _Notebook:
 
 
 class LocalDbutils:
-    """``dbutils`` for local runs."""
+    """``dbutils`` for local runs; ``job=False`` behaves as a notebook run by hand."""
 
-    def __init__(self, params: Mapping[str, str], task_values_file: str, task_key: str) -> None:
+    def __init__(
+        self, params: Mapping[str, str], task_values_file: str, task_key: str, job: bool = True
+    ) -> None:
         self.widgets = _Widgets(params)
-        self.jobs = _Jobs(task_values_file, task_key)
+        self.jobs = _Jobs(task_values_file, task_key, job)
         self.notebook = _Notebook()
+        self.library = _Library()
 
 
 def display(obj: Any, *args: Any, **kwargs: Any) -> None:
