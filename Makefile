@@ -40,8 +40,8 @@ doctor: $(STAMP)
 	$(PY) -m hvdrunner doctor --master 'local[2]'
 
 lint: $(STAMP)
-	$(VENV)/bin/ruff check src tests benchmarks
-	$(VENV)/bin/ruff format --check src tests benchmarks
+	$(VENV)/bin/ruff check src tests benchmarks scripts
+	$(VENV)/bin/ruff format --check src tests benchmarks scripts
 	$(VENV)/bin/mypy
 
 bench: $(STAMP)        ## every benchmark on $(STACK); results in benchmarks/results/*-$(STACK).json

@@ -51,7 +51,9 @@ def test_bundle_against_official_schema():
         if os.environ.get("CI"):
             pytest.fail(f"CI must validate the bundle: {VALIDATOR} is missing")
         pytest.skip("../shared/tools/validate_bundle.py is not beside this checkout")
-    proc = subprocess.run([sys.executable, str(VALIDATOR), str(ROOT)], capture_output=True, text=True)
+    proc = subprocess.run(
+        [sys.executable, str(VALIDATOR), str(ROOT)], capture_output=True, text=True
+    )
     assert proc.returncode == 0, proc.stdout + proc.stderr
 
 
@@ -71,7 +73,10 @@ def test_the_helper_catches_the_doubled_workspace_prefix_and_the_prod_root_rule(
     # What the bundle had before: /Workspace${workspace.file_path} is not rewritten by the
     # CLI (its rewrite needs the slash), so the path doubles; /Workspace/${...} is rewritten.
     config = bundle.select(bundle.load(ROOT), "dev", USER)
-    config["resources"]["x"] = ["/Workspace${workspace.file_path}", "/Workspace/${workspace.file_path}"]
+    config["resources"]["x"] = [
+        "/Workspace${workspace.file_path}",
+        "/Workspace/${workspace.file_path}",
+    ]
     doubled, rewritten = bundle.resolve(config)["resources"]["x"]
     assert doubled.startswith("/Workspace/Workspace/Users/")
     assert rewritten == f"/Workspace/Users/{USER}/.bundle/hvdrunner/dev/files"

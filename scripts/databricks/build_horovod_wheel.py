@@ -126,7 +126,11 @@ def _published(out: str, key: str) -> str | None:
         except (OSError, ValueError):
             continue
         wheel = meta[: -len(".json")]
-        if info.get("key") == key and os.path.isfile(wheel) and _sha256(wheel) == info.get("sha256"):
+        if (
+            info.get("key") == key
+            and os.path.isfile(wheel)
+            and _sha256(wheel) == info.get("sha256")
+        ):
             return wheel
     return None
 
@@ -156,7 +160,7 @@ def _publish(wheel: str, out: str, key: str) -> str:
         "key": key,
         "sha256": _sha256(dest),
         "runtime": os.environ.get("DATABRICKS_RUNTIME_VERSION", "not Databricks"),
-        "built_at": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "built_at": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
     }
     with tempfile.NamedTemporaryFile("w", dir=out, prefix=".meta-", delete=False) as f:
         json.dump(info, f, indent=2)
@@ -168,8 +172,12 @@ def build(args: argparse.Namespace) -> str:
     """Build or reuse the wheel; returns its published path."""
     builder = _builder(args.src)
     _writable(args.out)
-    python = args.python or (DATABRICKS_PYTHON if os.path.exists(DATABRICKS_PYTHON) else sys.executable)
-    env = dict(os.environ, PYTHON=python, HVDRUNNER_WHEEL_CACHE=args.cache, HVDRUNNER_HOROVOD_GPU=args.gpu)
+    python = args.python or (
+        DATABRICKS_PYTHON if os.path.exists(DATABRICKS_PYTHON) else sys.executable
+    )
+    env = dict(
+        os.environ, PYTHON=python, HVDRUNNER_WHEEL_CACHE=args.cache, HVDRUNNER_HOROVOD_GPU=args.gpu
+    )
     # The interpreter's own bin first: a cmake installed from PyPI lands there.
     env["PATH"] = f"{os.path.dirname(python)}{os.pathsep}{env.get('PATH', '')}"
     if args.install_build_tools:
@@ -189,7 +197,9 @@ def build(args: argparse.Namespace) -> str:
 def main(argv: list[str] | None = None) -> int:
     """Entry point: parse the arguments, build, print the task library line."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--src", required=True, help="the deployed bundle's files (${workspace.file_path})")
+    parser.add_argument(
+        "--src", required=True, help="the deployed bundle's files (${workspace.file_path})"
+    )
     parser.add_argument("--out", required=True, help="volume folder for the wheel, one per runtime")
     parser.add_argument("--python", help=f"interpreter to build for (default {DATABRICKS_PYTHON})")
     parser.add_argument("--gpu", choices=("auto", "nccl", "none"), default="auto",

@@ -91,7 +91,11 @@ def check_registered_model_name(name: str | None, registry_uri: str | None = Non
             f"registered_model_name={name!r}: the Unity Catalog registry ({registry_uri}) needs "
             f"a three-level name <catalog>.<schema>.<model>, e.g. 'main.default.{parts[-1]}'"
         )
-    if registry_uri.startswith("databricks") and not registry_uri.startswith("databricks-uc") and three_level:
+    if (
+        registry_uri.startswith("databricks")
+        and not registry_uri.startswith("databricks-uc")
+        and three_level
+    ):
         raise ValueError(
             f"registered_model_name={name!r} is a Unity Catalog name, but the registry is the "
             f"workspace registry ({registry_uri}): call mlflow.set_registry_uri('databricks-uc') "

@@ -152,7 +152,9 @@ def target(root: Path, name: str | None, user: str = "someone@example.com") -> d
     return resolve(select(load(root), name, user))
 
 
-def mode_diagnostics(config: dict[str, Any], service_principal: bool = False) -> list[tuple[str, str]]:
+def mode_diagnostics(
+    config: dict[str, Any], service_principal: bool = False
+) -> list[tuple[str, str]]:
     """(severity, summary) of validate_target_mode.go for a selected, resolved config."""
     mode = config["bundle"]["mode"]
     workspace = config["workspace"]
@@ -166,6 +168,11 @@ def mode_diagnostics(config: dict[str, Any], service_principal: bool = False) ->
     if mode == "production" and not config["_explicit_root"]:
         jobs = config.get("resources", {}).get("jobs", {}).values()
         if service_principal or all(job.get("run_as") for job in jobs):
-            return [("recommendation", "target with 'mode: production' should set 'workspace.root_path'")]
+            return [
+                (
+                    "recommendation",
+                    "target with 'mode: production' should set 'workspace.root_path'",
+                )
+            ]
         return [("error", "target with 'mode: production' must set 'workspace.root_path'")]
     return []

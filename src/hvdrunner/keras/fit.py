@@ -193,7 +193,6 @@ def fit(
     import horovod.tensorflow as hvd
     import tensorflow as tf
 
-
     keras = compat.tf_keras()
     _horovod_env(hvd, cfg)
     hvd.init()
