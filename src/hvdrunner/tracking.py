@@ -175,7 +175,9 @@ def _forget_active_run(run_id: str) -> None:
         try:
             from mlflow.tracking import fluent
 
-            getattr(fluent, "_active_run_stack").get().pop()  # noqa: B009 - private in MLflow
+            # Private in MLflow: a list in 2.13 (15.4 LTS ML), a thread-local list in 3.x.
+            stack = getattr(fluent, "_active_run_stack")  # noqa: B009
+            (stack.get() if hasattr(stack, "get") else stack).pop()
         except Exception:  # noqa: BLE001 - MLflow internals moved: leave it
             return
 
