@@ -200,3 +200,28 @@ def test_registered_model_names_the_registry_would_refuse_are_refused_first(name
 )  # fmt: skip
 def test_registered_model_names_the_registry_takes_pass(name, registry):
     tracking.check_registered_model_name(name, registry_uri=registry)
+
+
+@pytest.mark.timeout(120)
+def test_mlflow_run_against_a_server_that_is_down_fails_fast_naming_the_uri():
+    import socket
+    import time
+
+    import mlflow
+
+    from hvdrunner.errors import TrackingError
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        dead = f"http://127.0.0.1:{s.getsockname()[1]}"
+    previous = mlflow.get_tracking_uri()
+    started = time.monotonic()
+    try:
+        with pytest.raises(TrackingError, match=f"MLflow tracking at {dead} could not start"):
+            with tracking.mlflow_run(experiment="x", tracking_uri=dead):
+                pytest.fail("no run can start against a server that is down")
+        # MLflow's own retries took 250 s here; hvdrunner's bound is one try, seconds.
+        assert time.monotonic() - started < 30
+        assert mlflow.active_run() is None
+    finally:
+        mlflow.set_tracking_uri(previous)

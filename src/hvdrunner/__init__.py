@@ -7,15 +7,28 @@ Example:
 
 from hvdrunner._logging import log_to_driver
 from hvdrunner.distributed import is_rank0, on_rank0, rank0_first
-from hvdrunner.errors import HorovodRunnerError, MultiHostSetupError
+from hvdrunner.errors import (
+    CheckpointError,
+    CorruptDataError,
+    HorovodRunnerError,
+    MultiHostSetupError,
+    NotebookError,
+    RanksOutOfSyncError,
+    TrackingError,
+)
 from hvdrunner.runner import HorovodRunner
 
 __version__ = "0.1.0"
 
 __all__ = [
+    "CheckpointError",
+    "CorruptDataError",
     "HorovodRunner",
     "HorovodRunnerError",
     "MultiHostSetupError",
+    "NotebookError",
+    "RanksOutOfSyncError",
+    "TrackingError",
     "is_rank0",
     "log_to_driver",
     "on_rank0",

@@ -1,4 +1,13 @@
-"""Exceptions raised by hvdrunner."""
+"""The public exceptions of hvdrunner, in one place (each module that raises one re-exports it).
+
+- :class:`HorovodRunnerError`: a job failed (a rank raised or died, or it could not start).
+- :class:`MultiHostSetupError`: a host cannot take part in a multi-host job.
+- :class:`RanksOutOfSyncError`: ranks hold different weights after a synchronized epoch.
+- :class:`CheckpointError`: a checkpoint is corrupt or belongs to another model.
+- :class:`CorruptDataError`: a prepared Parquet file does not read as it was written.
+- :class:`NotebookError`: a notebook cell failed in the local runner.
+- :class:`TrackingError`: the MLflow tracking server cannot start the job's run.
+"""
 
 from __future__ import annotations
 
@@ -47,3 +56,23 @@ class MultiHostSetupError(RuntimeError):
     """A host cannot take part in a job that spans several hosts (raised before its ranks
     start): e.g. its hostname resolves to loopback and horovod lacks hvdrunner's gloo
     interface patch. The message names the host, the cause and the fixes."""
+
+
+class RanksOutOfSyncError(RuntimeError):
+    """Ranks hold different weights after a step: gradients were not averaged."""
+
+
+class CheckpointError(RuntimeError):
+    """A checkpoint cannot be used (corrupt, or made for another model)."""
+
+
+class CorruptDataError(RuntimeError):
+    """A prepared Parquet file cannot be read as it was written."""
+
+
+class NotebookError(RuntimeError):
+    """A cell failed; the message names the notebook, cell and line."""
+
+
+class TrackingError(RuntimeError):
+    """The MLflow tracking server is unreachable or refused a call hvdrunner needs."""

@@ -23,6 +23,7 @@ from collections.abc import Iterator, Mapping
 from typing import Any
 
 from hvdrunner.distributed import is_rank0
+from hvdrunner.errors import TrackingError
 
 RUN_ID_ENV = "HVDRUNNER_MLFLOW_RUN_ID"
 EXPERIMENT_ID_ENV = "HVDRUNNER_MLFLOW_EXPERIMENT_ID"
@@ -188,6 +189,10 @@ def mlflow_run(
 ) -> Iterator[Any]:
     """Start an MLflow run for a job when the notebook has none; ends FAILED on error.
 
+    Raises:
+        TrackingError: the tracking server is unreachable or refuses the run (bounded:
+            seconds, one try), naming the URI and the fix.
+
     Example:
         >>> with mlflow_run(experiment="digits", run_name="np2"):   # doctest: +SKIP
         ...     HorovodRunner(np=2).run(train)
@@ -196,10 +201,20 @@ def mlflow_run(
 
     if tracking_uri:
         mlflow.set_tracking_uri(tracking_uri)
-    if experiment:
-        mlflow.set_experiment(experiment)
     uri = mlflow.get_tracking_uri()
-    with mlflow.start_run(run_name=run_name) as run:
+    try:
+        with _bounded_http():  # a server that is down fails in seconds, not MLflow's minutes
+            if experiment:
+                mlflow.set_experiment(experiment)
+            active = mlflow.start_run(run_name=run_name)
+    except Exception as exc:  # noqa: BLE001 - MLflow raises many types for one cause
+        raise TrackingError(
+            f"MLflow tracking at {uri} could not start a run ({type(exc).__name__}: "
+            f"{str(exc)[:300]}): check that the server is up and the URI is right "
+            f"(tracking_uri= or MLFLOW_TRACKING_URI), or log locally with "
+            f"tracking_uri='sqlite:///mlflow.db'"
+        ) from exc
+    with active as run:
         yield run
     if uri.startswith("sqlite:"):
         print(

@@ -18,6 +18,8 @@ from typing import Any
 
 import numpy as np
 
+from hvdrunner.errors import CorruptDataError
+
 READ_AHEAD = 2  # pieces decoded ahead of the consumer (threads)
 
 
@@ -79,10 +81,6 @@ def _to_numpy(array: Any, column: Column) -> np.ndarray:
         parts.append(arr.to_numpy(zero_copy_only=False))
     values = parts[0] if len(parts) == 1 else np.concatenate(parts)
     return values.astype(column.dtype, copy=False).reshape((-1, *column.shape))
-
-
-class CorruptDataError(RuntimeError):
-    """A prepared Parquet file cannot be read as it was written."""
 
 
 def read_piece(root: str, piece: Piece, columns: Sequence[Column]) -> dict[str, np.ndarray]:

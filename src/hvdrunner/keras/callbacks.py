@@ -26,6 +26,9 @@ import numpy as np
 
 from hvdrunner import tracking
 from hvdrunner._logging import log_to_driver
+from hvdrunner.core.schedule import warmup_multiplier
+from hvdrunner.core.sync import check_fingerprints, weight_fingerprint
+from hvdrunner.errors import RanksOutOfSyncError
 from hvdrunner.distributed import is_rank0
 from hvdrunner.keras import compat
 
@@ -40,8 +43,13 @@ NAMES = (
 )
 
 
-class RanksOutOfSyncError(RuntimeError):
-    """Ranks hold different weights after a step: gradients were not averaged."""
+SYNC_FIX = (
+    "Use hvdrunner.keras.fit, or wrap the optimizer with hvdrunner.hvd_keras.DistributedOptimizer "
+    "(never horovod.tensorflow.keras under Keras 3), and broadcast initial state with "
+    "BroadcastGlobalVariablesCallback(0)."
+)
+__all__ = [*NAMES, "RanksOutOfSyncError", "average_metrics", "broadcast_model",
+           "broadcast_variables", "check_in_sync", "weight_fingerprint"]  # fmt: skip
 
 
 # -- collectives used by the callbacks (and by fit) ------------------------------------------
@@ -81,15 +89,6 @@ def average_metrics(logs: dict[str, Any]) -> dict[str, float]:
     return dict(zip(keys, (float(v) for v in averaged), strict=True))
 
 
-def weight_fingerprint(weights: Sequence[np.ndarray]) -> np.ndarray:
-    """Per-variable (sum, sum of squares, max |w|) in float64: cheap and order-sensitive."""
-    rows = []
-    for w in weights:
-        a = np.asarray(w, dtype=np.float64)
-        rows.append((a.sum(), np.square(a).sum(), np.abs(a).max() if a.size else 0.0))
-    return np.asarray(rows, dtype=np.float64).reshape(-1)
-
-
 def check_in_sync(model: Any, rtol: float = 1e-6) -> None:
     """Raise :class:`RanksOutOfSyncError` unless every rank holds rank 0's weights."""
     import horovod.tensorflow as hvd
@@ -98,20 +97,7 @@ def check_in_sync(model: Any, rtol: float = 1e-6) -> None:
         return
     mine = weight_fingerprint(model.get_weights())
     everyone = hvd.allgather_object(mine, name="hvdrunner.weight_sync_check")
-    reference = everyone[0]
-    bad = [
-        r
-        for r, fp in enumerate(everyone)
-        if fp.shape != reference.shape or not np.allclose(fp, reference, rtol=rtol, atol=1e-9)
-    ]
-    if bad:
-        raise RanksOutOfSyncError(
-            f"ranks {bad} hold different weights than rank 0 after a synchronized epoch: "
-            f"gradients were not averaged over ranks, so each rank trained its own model. "
-            f"Use hvdrunner.keras.fit, or wrap the optimizer with "
-            f"hvdrunner.hvd_keras.DistributedOptimizer (never horovod.tensorflow.keras under "
-            f"Keras 3), and broadcast initial state with BroadcastGlobalVariablesCallback(0)."
-        )
+    check_fingerprints(everyone, SYNC_FIX, rtol)
 
 
 def _format(logs: dict[str, Any] | None) -> str:
@@ -229,7 +215,7 @@ def _classes() -> dict[str, type]:
             size = hvd.size()
 
             def multiplier(epoch: float) -> float:
-                return 1.0 / size * (epoch * (size - 1) / warmup_epochs + 1)
+                return warmup_multiplier(epoch, size, warmup_epochs)
 
             super().__init__(
                 initial_lr, multiplier, 0, warmup_epochs, False, momentum_correction,

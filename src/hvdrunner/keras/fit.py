@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from hvdrunner import tracking
+from hvdrunner.core import schedule
 from hvdrunner.distributed import is_rank0
 from hvdrunner.keras import callbacks as hk_callbacks
 from hvdrunner.keras import compat
@@ -208,7 +209,7 @@ def fit(
         raise TypeError(
             NOT_KERAS.format(kind=f"{type(model).__module__}.{type(model).__qualname__}")
         )
-    scaled_lr = cfg.learning_rate * hvd.size()
+    scaled_lr = schedule.scaled_lr(cfg.learning_rate, hvd.size())
     opt = distribute(
         _make_optimizer(cfg.optimizer, scaled_lr),
         compression=cfg.compression,

@@ -32,6 +32,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from hvdrunner.errors import NotebookError
 from hvdrunner.notebook.shim import LocalDbutils, NotebookExit, PythonRestart, display
 
 HEADER = "# Databricks notebook source"
@@ -55,10 +56,6 @@ class Cell:
             m = re.match(r"# MAGIC\s*%(\w+)", lines[0])
             return m.group(1) if m else "md"
         return None
-
-
-class NotebookError(RuntimeError):
-    """A cell failed; the message names the notebook, cell and line."""
 
 
 def parse(path: str | os.PathLike[str]) -> list[Cell]:

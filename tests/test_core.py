@@ -1,0 +1,84 @@
+"""The framework-neutral core (hvdrunner.core), without TensorFlow or Horovod: checkpoint
+folders, the weight-sync verdict and the learning-rate rules every adapter shares."""
+
+from __future__ import annotations
+
+import os
+import sys
+
+import numpy as np
+import pytest
+
+from hvdrunner.core import schedule, sync
+from hvdrunner.core.checkpoint import STATE, CheckpointDir
+from hvdrunner.errors import CheckpointError, RanksOutOfSyncError
+
+
+def _writer(payload: bytes):
+    def write(tmp: str) -> dict:
+        with open(os.path.join(tmp, "weights.bin"), "wb") as f:
+            f.write(payload)
+        return {"format": "test"}
+
+    return write
+
+
+def test_checkpoint_dir_saves_verifies_keeps_and_falls_back(tmp_path, capsys):
+    store = CheckpointDir(str(tmp_path / "ckpt"), keep=2)
+    for epoch in (1, 2, 3):
+        store.save(_writer(bytes([epoch]) * 100), epoch)
+    assert [e for e, _ in store.candidates()] == [2, 3]
+    state = store.verify(store.latest()[1])
+    assert state["format"] == "test" and state["epochs_done"] == 3
+    with open(os.path.join(store.root, "epoch-00003", "weights.bin"), "r+b") as f:
+        f.write(b"\x00")  # bit rot, same size
+    assert store.latest()[0] == 2
+    assert "does not match the hash" in capsys.readouterr().err
+
+
+def test_a_writer_that_fails_leaves_no_checkpoint_and_no_temp_folder(tmp_path):
+    store = CheckpointDir(str(tmp_path / "ckpt"), keep=3)
+
+    def crash(tmp: str) -> dict:
+        _writer(b"half")(tmp)
+        raise OSError("disk full")
+
+    with pytest.raises(OSError, match="disk full"):
+        store.save(crash, 1)
+    assert os.listdir(store.root) == []
+    assert store.latest() is None
+
+
+def test_a_missing_state_file_is_a_checkpoint_error(tmp_path):
+    store = CheckpointDir(str(tmp_path / "ckpt"), keep=3)
+    path = store.save(_writer(b"x"), 1)
+    os.remove(os.path.join(path, STATE))
+    with pytest.raises(CheckpointError, match="missing or unreadable"):
+        store.verify(path)
+
+
+def test_sync_verdict_names_the_ranks_that_drifted():
+    same = sync.weight_fingerprint([np.ones((3, 2)), np.arange(4.0)])
+    drifted = sync.weight_fingerprint([np.ones((3, 2)), np.arange(4.0) + 1e-3])
+    sync.check_fingerprints([same, same, same], fix="-")
+    assert sync.out_of_sync([same, drifted, same, drifted]) == [1, 3]
+    with pytest.raises(RanksOutOfSyncError, match=r"ranks \[1\].*wrap it"):
+        sync.check_fingerprints([same, drifted], fix="wrap it")
+
+
+def test_learning_rate_rules():
+    assert schedule.scaled_lr(0.01, 8) == pytest.approx(0.08)
+    ramp = [schedule.warmup_multiplier(e, size=4, warmup_epochs=2) for e in (0, 1, 2, 3)]
+    assert ramp == pytest.approx([0.25, 0.625, 1.0, 1.0])
+    assert schedule.warmup_multiplier(0.0, size=4, warmup_epochs=0) == 1.0
+
+
+def test_the_core_imports_no_framework():
+    import subprocess
+
+    code = (
+        "import sys, hvdrunner.core.checkpoint, hvdrunner.core.sync, hvdrunner.core.schedule; "
+        "print(sorted(m for m in ('tensorflow', 'torch', 'horovod', 'keras') if m in sys.modules))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]"
