@@ -28,8 +28,8 @@ from hvdrunner import tracking
 from hvdrunner._logging import log_to_driver
 from hvdrunner.core.schedule import warmup_multiplier
 from hvdrunner.core.sync import check_fingerprints, weight_fingerprint
-from hvdrunner.errors import RanksOutOfSyncError
 from hvdrunner.distributed import is_rank0
+from hvdrunner.errors import RanksOutOfSyncError
 from hvdrunner.keras import compat
 
 NAMES = (
