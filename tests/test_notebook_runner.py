@@ -60,7 +60,7 @@ def test_runs_skips_magics_and_exits(tmp_path, capsys):
     ns = _namespace({"n": "3"}, tmp_path / "tv.json", task_key(path))
     assert run_notebook(str(path), ns) == "done"
     assert ns["value"] == 30 and "never_reached" not in ns
-    out = capsys.readouterr().out
+    out = capsys.readouterr().err  # the runner speaks through the hvdrunner logger
     assert "cell 1: A title" in out and "cell 2: skipped %pip" in out
 
 

@@ -1,7 +1,9 @@
-"""``log_to_driver``: send a message from a rank to the driver's output (private plumbing)."""
+"""hvdrunner's output: ``log_to_driver`` (a rank's message to the driver's output) and
+``get_logger`` (the one ``hvdrunner`` logger for status lines and warnings)."""
 
 from __future__ import annotations
 
+import logging
 import os
 import sys
 import threading
@@ -48,3 +50,41 @@ def log_to_driver(message: str) -> None:
     except OSError:
         # The supervisor is gone (job aborted); the message would go nowhere anyway.
         print(text, file=sys.stderr, flush=True)
+
+
+# -- hvdrunner's own voice on the driver -----------------------------------------------------
+class _StderrHandler(logging.StreamHandler):  # type: ignore[type-arg,unused-ignore]
+    """Writes to whatever ``sys.stderr`` is at the time (notebooks and pytest swap it)."""
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.stream = sys.stderr  # not setStream: it flushes the old (maybe closed) stream
+        super().emit(record)
+
+
+class _Format(logging.Formatter):
+    """``[hvdrunner] message``, ``[hvdrunner] WARNING: message``, ``[hvdrunner.data] ...``."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        level = "" if record.levelno < logging.WARNING else f"{record.levelname}: "
+        return f"[{record.name}] {level}{record.getMessage()}"
+
+
+def get_logger(name: str = "hvdrunner") -> logging.Logger:
+    """hvdrunner's logger (or a child, e.g. ``hvdrunner.data``): status lines and warnings.
+
+    INFO and above go to stderr as ``[hvdrunner] …`` unless the user configured the
+    ``hvdrunner`` logger first; raise or lower it as any logger.
+
+    Example:
+        >>> import logging
+        >>> logging.getLogger("hvdrunner").setLevel(logging.WARNING)  # warnings only
+    """
+    root = logging.getLogger("hvdrunner")
+    if not root.handlers:
+        handler = _StderrHandler()
+        handler.setFormatter(_Format())
+        root.addHandler(handler)
+        root.propagate = False  # one line per message, whatever the root logger does
+        if root.level == logging.NOTSET:
+            root.setLevel(logging.INFO)
+    return logging.getLogger(name)

@@ -12,13 +12,16 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 from hvdrunner import tracking
+from hvdrunner._logging import get_logger
 from hvdrunner.errors import HorovodRunnerError
+
+_log = get_logger()
 
 _VERBOSITIES = ("all", "log_callback_only")
 
 
 def _status(msg: str) -> None:
-    print(f"[hvdrunner] {msg}", file=sys.stderr, flush=True)
+    _log.info(msg)
 
 
 def _local_pythonpath() -> tuple[str, ...]:

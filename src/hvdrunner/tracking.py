@@ -17,11 +17,11 @@ from __future__ import annotations
 
 import contextlib
 import os
-import sys
 import tempfile
 from collections.abc import Iterator, Mapping
 from typing import Any
 
+from hvdrunner._logging import get_logger
 from hvdrunner.distributed import is_rank0
 from hvdrunner.errors import TrackingError
 
@@ -29,6 +29,7 @@ RUN_ID_ENV = "HVDRUNNER_MLFLOW_RUN_ID"
 EXPERIMENT_ID_ENV = "HVDRUNNER_MLFLOW_EXPERIMENT_ID"
 _SECRET_ENV = ("DATABRICKS_TOKEN",)
 ERROR_TAG = "hvdrunner.error"
+_log = get_logger()
 
 
 # -- driver side ---------------------------------------------------------------------------
@@ -157,12 +158,10 @@ def mark_failed(error_summary: str, secrets: list[str]) -> None:
             mlflow.set_tag(ERROR_TAG, scrub(error_summary, secrets)[:4000])
             mlflow.end_run(status="FAILED")
     except Exception as exc:  # noqa: BLE001 - reported, never replaces the job's error
-        print(
-            f"[hvdrunner] WARNING: could not mark MLflow run {run.info.run_id} FAILED "
+        _log.warning(
+            f"could not mark MLflow run {run.info.run_id} FAILED "
             f"({type(exc).__name__}: {scrub(str(exc), secrets)[:500]}); it may show RUNNING "
-            f"in the tracking server. The job's own error follows.",
-            file=sys.stderr,
-            flush=True,
+            f"in the tracking server. The job's own error follows."
         )
     finally:
         _forget_active_run(run.info.run_id)
@@ -217,11 +216,7 @@ def mlflow_run(
     with active as run:
         yield run
     if uri.startswith("sqlite:"):
-        print(
-            f"[hvdrunner] view the run: mlflow ui --backend-store-uri {uri}",
-            file=sys.stderr,
-            flush=True,
-        )
+        _log.info(f"view the run: mlflow ui --backend-store-uri {uri}")
 
 
 # -- rank side -------------------------------------------------------------------------------
@@ -252,11 +247,9 @@ def log_params(params: Mapping[str, Any]) -> None:
     new = {k: str(v) for k, v in params.items() if k not in existing}
     changed = {k: str(v) for k, v in params.items() if k in existing and existing[k] != str(v)}
     if changed:
-        print(
-            f"[hvdrunner] params changed since this run first logged them (kept as "
-            f"param_changed.* tags): {changed}",
-            file=sys.stderr,
-            flush=True,
+        _log.warning(
+            f"params changed since this run first logged them (kept as "
+            f"param_changed.* tags): {changed}"
         )
     client.log_batch(
         run_id(),

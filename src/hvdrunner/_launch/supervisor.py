@@ -22,6 +22,7 @@ import psutil
 
 from hvdrunner._launch import protocol
 from hvdrunner._launch.worker import CONTROL_FD_ENV
+from hvdrunner._logging import get_logger
 
 #: Lines of a rank's output kept for the error report.
 TAIL_LINES = 100
@@ -119,9 +120,10 @@ class RankSupervisor:
         while proc.poll() is None and not self._aborted.is_set():
             silent = time.monotonic() - self._heard
             if silent > self._host_timeout:
-                print(f"[hvdrunner] rank {self._rank}: no word from the driver for "
-                      f"{silent:.0f}s (host_timeout): stopping the rank", file=sys.stderr,
-                      flush=True)  # fmt: skip
+                get_logger().warning(
+                    f"rank {self._rank}: no word from the driver for {silent:.0f}s "
+                    f"(host_timeout): stopping the rank"
+                )
                 self._aborted.set()
                 self.kill()
                 return

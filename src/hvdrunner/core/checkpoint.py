@@ -20,16 +20,17 @@ import json
 import os
 import re
 import shutil
-import sys
 import uuid
 from collections.abc import Callable
 from typing import Any
 
 from hvdrunner import _paths
+from hvdrunner._logging import get_logger
 from hvdrunner.errors import CheckpointError
 
 STATE = "state.json"
 _NAME = re.compile(r"^epoch-(\d{5,})$")
+_log = get_logger()
 
 
 def sha256(path: str) -> str:
@@ -177,8 +178,4 @@ class CheckpointDir:
 
 def _warn_skipped(skipped: list[str], then: str) -> None:
     for s in skipped:
-        print(
-            f"[hvdrunner] WARNING: skipping corrupt checkpoint {s}; {then}",
-            file=sys.stderr,
-            flush=True,
-        )
+        _log.warning(f"skipping corrupt checkpoint {s}; {then}")

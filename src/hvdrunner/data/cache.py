@@ -7,10 +7,10 @@ import hashlib
 import json
 import os
 import shutil
-import sys
 from collections.abc import Sequence
 from typing import Any
 
+from hvdrunner._logging import get_logger
 from hvdrunner.data.handle import _FORMAT, _META, PreparedData
 from hvdrunner.data.reader import Column
 
@@ -19,8 +19,11 @@ from hvdrunner.data.reader import Column
 _SELF_CONTAINED_LEAVES = ("LocalRelation", "Range", "OneRowRelation", "LogicalRDD")
 
 
+_log = get_logger("hvdrunner.data")
+
+
 def _say(msg: str) -> None:
-    print(f"[hvdrunner.data] {msg}", file=sys.stderr, flush=True)
+    _log.info(msg)
 
 
 def input_identity(df: Any) -> list[tuple[str, int, int]] | None:

@@ -7,12 +7,12 @@ import json
 import math
 import os
 import shutil
-import sys
 import uuid
 from collections.abc import Sequence
 from typing import Any
 
 from hvdrunner import _paths
+from hvdrunner._logging import get_logger
 from hvdrunner.data.cache import cache_key, file_rows, input_identity, load, verified
 from hvdrunner.data.handle import _FORMAT, _META, DEFAULT_CACHE_DIR, PreparedData
 from hvdrunner.data.reader import Column
@@ -27,8 +27,11 @@ _UNSUPPORTED_HINT = {
 }
 
 
+_log = get_logger("hvdrunner.data")
+
+
 def _say(msg: str) -> None:
-    print(f"[hvdrunner.data] {msg}", file=sys.stderr, flush=True)
+    _log.info(msg)
 
 
 def _check_driver() -> None:

@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from hvdrunner import tracking
+from hvdrunner._logging import get_logger
 from hvdrunner.core import schedule
 from hvdrunner.distributed import is_rank0
 from hvdrunner.keras import callbacks as hk_callbacks
@@ -228,7 +229,7 @@ def fit(
         latest = store.latest()
         if latest is not None:
             initial_epoch = store.restore(latest[1], model, opt)
-            print(f"[hvdrunner] resuming after epoch {initial_epoch} from {latest[1]}", flush=True)
+            get_logger().info(f"resuming after epoch {initial_epoch} from {latest[1]}")
     initial_epoch = int(
         hvd.broadcast_object(initial_epoch, root_rank=0, name="hvdrunner.initial_epoch")
     )

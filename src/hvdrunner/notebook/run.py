@@ -32,6 +32,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from hvdrunner._logging import get_logger
 from hvdrunner.errors import NotebookError
 from hvdrunner.notebook.shim import LocalDbutils, NotebookExit, PythonRestart, display
 
@@ -100,8 +101,11 @@ def task_key(path: str | os.PathLike[str]) -> str:
     return re.sub(r"^\d+_", "", Path(path).stem)
 
 
+_log = get_logger("hvdrunner.notebook")
+
+
 def _say(msg: str) -> None:
-    print(f"[notebook] {msg}", flush=True)
+    _log.info(msg)
 
 
 def run_notebook(path: str, namespace: dict[str, Any]) -> str | None:
