@@ -40,7 +40,7 @@ def _databricks_credentials() -> dict[str, str]:
     try:
         from databricks.sdk.runtime import dbutils
 
-        ctx = dbutils.notebook.entry_point.getDbutils().notebook().getContext()  # type: ignore[union-attr]
+        ctx = dbutils.notebook.entry_point.getDbutils().notebook().getContext()  # type: ignore[union-attr,unused-ignore]
         return {"DATABRICKS_HOST": ctx.apiUrl().get(), "DATABRICKS_TOKEN": ctx.apiToken().get()}
     except Exception:  # noqa: BLE001 - a job cluster without a notebook context
         return {}
