@@ -11,10 +11,9 @@ def stack() -> str:
     """``lts`` (TF 2.15 / Keras 2) or ``modern`` (TF >= 2.16 / Keras 3), as the Makefile names them."""
     if os.environ.get("STACK") in ("lts", "modern"):
         return os.environ["STACK"]
-    from importlib.metadata import version
+    from hvdrunner._versions import major_minor, tensorflow
 
-    major, minor = (int(p) for p in version("tensorflow").split(".")[:2])
-    return "lts" if (major, minor) < (2, 16) else "modern"
+    return "lts" if major_minor(tensorflow() or "0") < (2, 16) else "modern"
 
 
 def context() -> dict:

@@ -270,3 +270,16 @@ def test_np_zero_uses_every_task_slot_like_sparkdl(spark, capsys):
     envs = HorovodRunner(np=0).run(env_report)
     assert sorted(e["HOROVOD_RANK"] for e in envs) == ["0", "1"]  # local[2]: two slots
     assert "np=0: using all 2 task slots" in capsys.readouterr().err
+
+
+def loaded_frameworks() -> list[str]:
+    import sys
+
+    return sorted(m for m in sys.modules if m.split(".")[0] in ("tensorflow", "keras", "torch")
+                  or m.startswith("hvdrunner.keras"))  # fmt: skip
+
+
+def test_a_rank_loads_no_framework_before_user_code():
+    # A PyTorch (or plain Python) job must not pay for TensorFlow/Keras in every rank: the
+    # rank entry point and its Keras import guard are framework-free leaves.
+    assert HorovodRunner(np=-1).run(loaded_frameworks) == []

@@ -7,13 +7,12 @@ Build facts come from horovod's own checks (extension files and the loaded libra
 
 from __future__ import annotations
 
-import importlib.metadata as md
 import os
 import shutil
 from dataclasses import dataclass
 from typing import Any
 
-from hvdrunner import multihost
+from hvdrunner import _versions, multihost
 
 
 @dataclass(frozen=True)
@@ -27,11 +26,7 @@ class Check:
     required: bool = True
 
 
-def _version(dist: str) -> str | None:
-    try:
-        return md.version(dist)
-    except md.PackageNotFoundError:
-        return None
+_version = _versions.version
 
 
 def _extension_file(subdir: str, base: str) -> bool:

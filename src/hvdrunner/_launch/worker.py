@@ -79,7 +79,7 @@ def main(payload_path: str) -> int:
     try:
         # Before user code: Horovod's Keras layer fails fast under Keras 3 (it would train
         # unsynchronized), and in tf_keras mode `import keras` means tf_keras.
-        from hvdrunner.keras.compat import install_import_guard
+        from hvdrunner._import_guard import install_import_guard  # a leaf: loads no Keras
 
         install_import_guard()
         with open(payload_path, "rb") as f:
