@@ -13,6 +13,7 @@ from typing import Any
 
 from hvdrunner import tracking
 from hvdrunner._logging import get_logger
+from hvdrunner._secrets import secrets_in
 from hvdrunner.errors import HorovodRunnerError
 
 _log = get_logger()
@@ -156,7 +157,7 @@ class HorovodRunner:
             preflight(**kwargs)
         payload = dumps_payload(main, kwargs)  # before any process or Spark job starts
         track_env = tracking.driver_context()
-        secrets = tracking.secrets_in(track_env)
+        secrets = secrets_in(track_env)
         launch: Any
         if self.num_processor < 0:
             from hvdrunner._launch.local_backend import LocalLaunch

@@ -21,13 +21,14 @@ import tempfile
 from collections.abc import Iterator, Mapping
 from typing import Any
 
+from hvdrunner import _versions
 from hvdrunner._logging import get_logger
+from hvdrunner._secrets import scrub
 from hvdrunner.distributed import is_rank0
 from hvdrunner.errors import TrackingError
 
 RUN_ID_ENV = "HVDRUNNER_MLFLOW_RUN_ID"
 EXPERIMENT_ID_ENV = "HVDRUNNER_MLFLOW_EXPERIMENT_ID"
-_SECRET_ENV = ("DATABRICKS_TOKEN",)
 ERROR_TAG = "hvdrunner.error"
 _log = get_logger()
 
@@ -103,17 +104,6 @@ def check_registered_model_name(name: str | None, registry_uri: str | None = Non
             f"workspace registry ({registry_uri}): call mlflow.set_registry_uri('databricks-uc') "
             f"before the run, or pass a workspace model name without dots"
         )
-
-
-def secrets_in(env: Mapping[str, str]) -> list[str]:
-    """The secret values among ``env`` (to scrub from anything shown or stored)."""
-    return [env[k] for k in _SECRET_ENV if env.get(k)]
-
-
-def scrub(text: str, secrets: list[str]) -> str:
-    for s in secrets:
-        text = text.replace(s, "[REDACTED]")
-    return text
 
 
 #: Bounds on each tracking-server call made while recording a failure.
@@ -335,8 +325,6 @@ def log_model(
     import mlflow
     from mlflow.models import infer_signature
 
-    from hvdrunner.keras import compat
-
     signature = infer_signature(input_example, model.predict(input_example, verbose=0))
     with tempfile.TemporaryDirectory() as tmp:
         path = os.path.join(tmp, artifact_path)
@@ -345,7 +333,7 @@ def log_model(
             path,
             signature=signature,
             input_example=input_example,
-            keras_model_kwargs=_save_kwargs(compat.mode()),
+            keras_model_kwargs=_save_kwargs(_versions.mode()),
         )
         client.log_artifacts(run_id(), path, artifact_path=artifact_path)
     uri = f"runs:/{run_id()}/{artifact_path}"

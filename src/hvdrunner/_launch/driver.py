@@ -24,8 +24,8 @@ from horovod.runner.http.http_server import RendezvousServer
 
 from hvdrunner._launch import protocol
 from hvdrunner._launch.verdict import lost_failure, rank_failure, stall_failure
+from hvdrunner._secrets import scrub
 from hvdrunner.errors import HorovodRunnerError
-from hvdrunner.tracking import scrub
 
 #: How long aborted ranks get to report back before ``run()`` raises anyway.
 ABORT_WAIT_S = 10.0
