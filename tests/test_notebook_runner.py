@@ -239,3 +239,13 @@ def test_shipped_notebooks_run_by_hand_refuse_missing_inputs_with_the_fix(tmp_pa
     assert code == 1
     err = capsys.readouterr().err
     assert "/Volumes/main/default/hvdrunner/data" in err and "no /Volumes mount" in err
+
+
+def test_run_leaves_a_spark_session_it_did_not_create_running(spark, tmp_path):
+    from hvdrunner.notebook import run
+
+    path = _write(
+        tmp_path, "01_tiny.py", "# Databricks notebook source\nn = spark.range(3).count()\n"
+    )
+    assert run([str(path)], {}, str(tmp_path / "tv.json"), "local[1]") == 0
+    assert spark.range(4).count() == 4  # the caller's session (here: the suite's) still works

@@ -211,9 +211,13 @@ def run(
     except (OSError, ValueError) as exc:
         print(f"ERROR: {exc}", file=sys.stderr, flush=True)
         return 2
+    from pyspark.sql import SparkSession
+
     from hvdrunner.spark import local_session
 
     t0 = time.monotonic()
+    # A session that was there before (the caller's) is used and left running.
+    ours = SparkSession.getActiveSession() is None
     spark = local_session(master, app_name="hvdrunner-notebooks")
     spark.sparkContext.setLogLevel("ERROR")
     try:
@@ -236,7 +240,8 @@ def run(
         _fail_open_run(f"{type(exc).__name__}: {exc}")
         raise
     finally:
-        spark.stop()
+        if ours:
+            spark.stop()
     _say(f"done: {len(paths)} notebook(s) in {time.monotonic() - t0:.0f}s")
     return 0
 
