@@ -413,3 +413,31 @@ def test_fit_accepts_a_petastorm_converter_with_equal_steps(spark, tmp_path):
     assert result.steps_per_epoch == -(-len(pdf) // (32 * 2))  # common to both ranks
     assert len(result.history["loss"]) == 3
     assert result.history["accuracy"][-1] > result.history["accuracy"][0]
+
+
+def test_fit_takes_a_whole_config_and_shows_its_settings_in_the_signature(digits):
+    import inspect
+
+    params = inspect.signature(fit).parameters
+    assert {"epochs", "batch_size", "loss", "warmup_epochs", "in_memory", "config"} <= set(params)
+    assert (
+        params["learning_rate"].default == FitConfig.__dataclass_fields__["learning_rate"].default
+    )
+    data, _, _ = digits
+    config = FitConfig(epochs=1, batch_size=64, loss="sparse_categorical_crossentropy",
+                       log_model=False)  # fmt: skip
+    result = HorovodRunner(np=-1).run(fit, build_model=build_mlp, data=data, config=config,
+                                      epochs=2)  # a keyword overrides the config  # fmt: skip
+    assert result.epochs == 2 and len(result.history["loss"]) == 2
+    with pytest.raises(TypeError, match=r"unexpected argument\(s\) \['epoch'\]"):
+        HorovodRunner(np=-1).run(fit, build_model=build_mlp, data=data, config=config, epoch=2)
+
+
+def test_the_callback_names_are_the_classes_module_s_and_real_keras_callbacks():
+    from hvdrunner.keras import _callback_classes, callbacks, compat
+
+    assert sorted(callbacks.NAMES) == sorted(_callback_classes.__all__)
+    for name in callbacks.NAMES:
+        cls = getattr(callbacks, name)
+        assert cls is getattr(_callback_classes, name) and cls.__name__ == name
+        assert issubclass(cls, compat.tf_keras().callbacks.Callback)

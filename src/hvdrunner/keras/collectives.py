@@ -1,0 +1,68 @@
+"""The collectives behind hvdrunner's Keras callbacks and ``fit`` (Keras 2 and 3).
+
+Every function here is a collective unless it says otherwise: every rank must call it, in
+the same order. TensorFlow and Horovod are imported on first call.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from hvdrunner.core.sync import check_fingerprints, weight_fingerprint
+from hvdrunner.keras import compat
+
+SYNC_FIX = (
+    "Use hvdrunner.keras.fit, or wrap the optimizer with hvdrunner.hvd_keras.DistributedOptimizer "
+    "(never horovod.tensorflow.keras under Keras 3), and broadcast initial state with "
+    "BroadcastGlobalVariablesCallback(0)."
+)
+
+
+def broadcast_variables(variables: Sequence[Any], root_rank: int = 0) -> None:
+    """Overwrite ``variables`` on every rank with ``root_rank``'s values (Keras 2 or 3)."""
+    import horovod.tensorflow as hvd
+
+    tf_vars = [compat.tf_variable(v) for v in variables]
+    if tf_vars and hvd.size() > 1:
+        hvd.broadcast_variables(tf_vars, root_rank=root_rank)
+
+
+def broadcast_model(model: Any, root_rank: int = 0) -> None:
+    """Broadcast the model's weights and its optimizer's state (built first if needed)."""
+    optimizer = getattr(model, "optimizer", None)
+    variables = list(model.variables)
+    if optimizer is not None:
+        compat.build_optimizer(optimizer, model.trainable_variables)
+        variables += compat.optimizer_variables(optimizer)
+    broadcast_variables(variables, root_rank)
+
+
+def average_metrics(logs: dict[str, Any]) -> dict[str, float]:
+    """Average scalar Keras logs over all ranks (a collective: every rank must call it).
+
+    One allreduce for all keys, in sorted order (identical on every rank). Idempotent:
+    averaging equal values changes nothing, so several averaging callbacks are harmless.
+    """
+    import horovod.tensorflow as hvd
+    import tensorflow as tf
+
+    keys = sorted(k for k, v in logs.items() if np.ndim(v) == 0)
+    if not keys or hvd.size() == 1:
+        return {k: float(logs[k]) for k in keys}
+    values = tf.constant([float(logs[k]) for k in keys], dtype=tf.float64)
+    averaged = hvd.allreduce(values, op=hvd.Average, name="hvdrunner.metric_average").numpy()
+    return dict(zip(keys, (float(v) for v in averaged), strict=True))
+
+
+def check_in_sync(model: Any, rtol: float = 1e-6) -> None:
+    """Raise :class:`RanksOutOfSyncError` unless every rank holds rank 0's weights."""
+    import horovod.tensorflow as hvd
+
+    if hvd.size() == 1:
+        return
+    mine = weight_fingerprint(model.get_weights())
+    everyone = hvd.allgather_object(mine, name="hvdrunner.weight_sync_check")
+    check_fingerprints(everyone, SYNC_FIX, rtol)
