@@ -63,8 +63,8 @@ def test_task_spec_repr_hides_the_key():
 def _registered_task(service: DriverService, partition: int, hostname: str) -> protocol.Channel:
     """A task as the driver sees it: connected, registered; it sends no heartbeat."""
     chan = protocol.connect("127.0.0.1", service.port, b"k" * 32, timeout=5)
-    chan.send("register", {"partition": partition, "host": f"hash-{hostname}",
-                           "address": "127.0.0.1", "hostname": hostname, "ip": "10.9.9.9"})  # fmt: skip
+    chan.send("register", protocol.Register(partition, f"hash-{hostname}", "127.0.0.1",
+                                            hostname, "10.9.9.9"))  # fmt: skip
     return chan
 
 
@@ -107,8 +107,8 @@ def test_lost_host_outranks_the_failures_it_causes_on_other_hosts():
             while kind == "beat":
                 kind, _ = chan.recv()
         # rank 0's failure (caused by b) reaches the driver first, then b's connection drops
-        a.send("exit", {"rank": 0, "code": 1, "how": "SIGABRT", "error": None,
-                        "tail": ["gloo::IoException: Connection reset by peer"], "aborted": False})  # fmt: skip
+        a.send("exit", protocol.ExitReport(0, 1, "SIGABRT",
+                                           tail=("gloo::IoException: Connection reset by peer",)))  # fmt: skip
         b.close()
 
     threading.Thread(target=play, daemon=True).start()
@@ -133,3 +133,49 @@ def test_lost_failure_names_whole_hosts_and_single_ranks():
         "Lost host node-b (10.0.0.2) with rank(s) [2, 3]; rank(s) [4] on node-c (10.0.0.3) before"
     )
     assert lost_failure([t[:3] + (False,) for t in tasks]) is None
+
+
+class _FakeTask:
+    def __init__(self) -> None:
+        self.partition = self.host = self.address = self.hostname = self.ip = None
+        self.rank = None
+        self.exited = self.lost = False
+
+
+def test_frames_become_typed_messages_or_are_refused():
+    reg = protocol.Register(0, "h", "127.0.0.1", "node", "10.0.0.1")
+    assert protocol.decode("register", reg) is reg
+    with pytest.raises(protocol.ProtocolError, match="unexpected frame 'exit'"):
+        protocol.decode("exit", {"rank": 0, "code": 1})  # an untyped report: refused
+    with pytest.raises(protocol.ProtocolError, match="unexpected frame 'bogus'"):
+        protocol.decode("bogus", None)
+    assert protocol.Output(1, "hi", "stderr").line() == "[1]<stderr>: hi"
+    assert protocol.Output(1, "epoch 1").line() == "[1] epoch 1"
+
+
+def test_job_state_one_handler_per_message():
+    from hvdrunner._launch.job import JobState
+
+    assigned: list[list] = []
+    job = JobState(2, assigned.append, lambda: HorovodRunnerError("lost"))
+    a, b = _FakeTask(), _FakeTask()
+    job.handle(a, protocol.Register(0, "h1", hostname="n1"))
+    assert not job.assigned and a.hostname == "n1"
+    job.handle(b, protocol.Register(1, "h2"))
+    assert job.assigned and assigned == [[a, b]]
+    a.rank, b.rank = 0, 1
+    job.handle(b, protocol.RankState(1, {"stuck_for": 3.0, "in_tf": True, "where": "x"}))
+    assert job.stuck[1]["since"] <= time.monotonic() - 3.0
+    job.handle(b, protocol.RankState(1, None))
+    assert job.stuck == {}
+    job.handle(a, protocol.Result(0, b"value"))
+    job.handle(a, protocol.ExitReport(0, 0, "exit code 0"))
+    assert job.rank0_done is not None and job.running and job.result == b"value"
+    job.handle(b, protocol.ExitReport(1, -9, "SIGKILL", aborted=True))  # stopped by us
+    assert job.failed_report is None and not job.running and not job.failing
+    other = JobState(1, lambda _: None, lambda: HorovodRunnerError("lost host"))
+    t = _FakeTask()
+    other.handle(t, protocol.Register(0, "h"))
+    t.rank = 0
+    other.handle(t, protocol.Disconnected())
+    assert t.lost and str(other.failure) == "lost host" and other.failing

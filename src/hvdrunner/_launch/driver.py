@@ -23,6 +23,7 @@ from horovod.runner.gloo_run import create_slot_env_vars
 from horovod.runner.http.http_server import RendezvousServer
 
 from hvdrunner._launch import protocol
+from hvdrunner._launch.job import JobState
 from hvdrunner._launch.verdict import lost_failure, rank_failure, stall_failure
 from hvdrunner._secrets import scrub
 from hvdrunner.errors import HorovodRunnerError
@@ -71,7 +72,7 @@ class DriverService:
         self._secrets = [s for s in (secrets or []) if s]
         self._key = key
         self._rendezvous_addr = rendezvous_addr
-        self._events: queue.Queue[tuple[int, str, Any]] = queue.Queue()
+        self._events: queue.Queue[tuple[int, protocol.Message]] = queue.Queue()
         self._conns: dict[int, _Conn] = {}
         self._lock = threading.Lock()
         self._sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
@@ -111,9 +112,9 @@ class DriverService:
                 kind, payload = conn.channel.recv()
                 conn.last_seen = time.monotonic()
                 if kind != "beat":
-                    self._events.put((cid, kind, payload))
+                    self._events.put((cid, protocol.decode(kind, payload)))
         except (protocol.ProtocolError, OSError, EOFError):
-            self._events.put((cid, "disconnect", None))
+            self._events.put((cid, protocol.Disconnected()))
 
     def _beat_loop(self) -> None:
         """Tell every task we are alive: a supervisor stops its rank when we fall silent."""
@@ -219,112 +220,97 @@ class DriverService:
             show(self._scrub(text))
 
         started = time.monotonic()
-        deadline = started + start_timeout
-        registered: list[_Conn] = []
-        assigned = False
-        exits: dict[int, dict[str, Any]] = {}
-        result: bytes | None = None
-        failure: HorovodRunnerError | None = None
-        rank0_done: float | None = None
-        failed_report: dict[str, Any] | None = None
-        stuck: dict[int, dict[str, Any]] = {}  # rank -> its watchdog report (+ driver time)
-        while len(exits) < self.np and failure is None and failed_report is None:
+        job = JobState(self.np, self._assign, self._lost_failure)
+        while job.running:
             now = time.monotonic()
-            if rank0_done is not None and now - rank0_done > exit_grace:
-                late = sorted(set(range(self.np)) - set(exits))
-                emit(
-                    f"[hvdrunner] WARNING: rank(s) {late} still running {exit_grace:g}s "
-                    f"(exit_grace) after rank 0 returned; stopping them. Rank 0's value is "
-                    f"returned. A rank that keeps working after training (an endless loop, a "
-                    f"thread that is not a daemon) is the usual cause."
-                )
-                self.abort()
-                self._drain_exits(exits, emit)
+            if job.rank0_done is not None and now - job.rank0_done > exit_grace:
+                self._stop_late_ranks(job, exit_grace, emit)
                 break
-            stall = stall_failure(stuck, self.np, stall_timeout, now)
-            if stall is not None:
-                failure = stall
-                break
-            if assigned and self._mark_silent(host_timeout):
-                failure = self._lost_failure()
-                break
-            if timeout is not None and now - started > timeout:
-                failure = HorovodRunnerError(
-                    f"The job did not finish within timeout={timeout:g}s and was stopped. "
-                    f"Raise HorovodRunner(timeout=...) if it needs longer."
-                )
+            job.failure = self._limit_failure(
+                job, now - started, timeout, stall_timeout, host_timeout
+            )
+            if job.failure is not None:
                 break
             try:
-                cid, kind, payload = self._events.get(timeout=0.2)
+                cid, message = self._events.get(timeout=0.2)
             except queue.Empty:
-                err = job_error()
-                if err is not None:
-                    failure = HorovodRunnerError(
-                        f"The launch backend failed before all ranks finished: "
-                        f"{type(err).__name__}: {err}"
-                    )
-                elif not assigned and time.monotonic() > deadline:
-                    failure = HorovodRunnerError(
-                        f"Only {len(registered)} of np={self.np} ranks started within "
-                        f"start_timeout={start_timeout:g}s. The cluster probably has no "
-                        f"{self.np} free task slots at once (other jobs, or executors still "
-                        f"starting). Free slots, lower np, or raise start_timeout."
-                    )
+                job.failure = self._idle_failure(job, job_error, now - started, start_timeout)
                 continue
             with self._lock:
                 conn = self._conns.get(cid)
-            if conn is None or _show_output(kind, payload, emit):
+            if conn is None:
                 continue
-            if kind == "register":
-                conn.partition, conn.host = payload["partition"], payload["host"]
-                conn.address = payload.get("address")
-                conn.hostname, conn.ip = payload.get("hostname"), payload.get("ip")
-                registered.append(conn)
-                if len(registered) == self.np:
-                    self._assign(registered)
-                    assigned = True
-            elif kind == "result":
-                result = payload[1]
-            elif kind == "state":
-                rank, state = payload
-                if state is None:
-                    stuck.pop(rank, None)
-                else:
-                    stuck[rank] = {**state, "since": time.monotonic() - state["stuck_for"]}
-            elif kind == "exit":
-                conn.exited = True
-                exits[payload["rank"]] = payload
-                if payload["code"] != 0 and not payload["aborted"]:
-                    failed_report = payload  # the error is built once every rank exited
-                elif payload["rank"] == 0:
-                    rank0_done = time.monotonic()
-            elif kind == "disconnect" and not conn.exited and conn.rank is not None:
-                conn.lost = True
-                failure = self._lost_failure()
-        if failure is not None or failed_report is not None:
-            self.abort()
-            self._drain_exits(exits, emit)
-            # Now knowing every rank's fate, name the real cause first: a lost host makes
-            # its peers fail too (gloo connection reset or timeout), so it outranks them.
-            self._mark_silent(min(SILENT_AT_VERDICT_S, host_timeout))
-            lost = self._lost_failure()
-            if lost is not None:
-                failure = lost
-            elif failed_report is not None:
-                failure = rank_failure(failed_report, self._scrub, exits)
-            assert failure is not None
-            raise failure
-        if result is None:
-            raise HorovodRunnerError("Rank 0 finished without sending its return value.", rank=0)
-        try:
-            return cloudpickle.loads(result)
-        except Exception as exc:
-            raise HorovodRunnerError(
-                f"Rank 0's return value could not be unpickled on the driver "
-                f"({type(exc).__name__}: {exc}). Return plain data (numbers, dicts, numpy "
-                f"arrays) rather than objects of modules the driver cannot import.",
-                rank=0,
-            ) from exc
+            if isinstance(message, protocol.Output):
+                emit(message.line())
+            else:
+                job.handle(conn, message)
+        if job.failing:
+            raise self._verdict(job, emit, host_timeout)
+        return _rank0_value(job.result)
+
+    def _limit_failure(
+        self, job: JobState, elapsed: float, timeout: float | None, stall_timeout: float,
+        host_timeout: float,
+    ) -> HorovodRunnerError | None:  # fmt: skip
+        """A stall, a host fallen silent, or the job's own time limit."""
+        stall = stall_failure(job.stuck, self.np, stall_timeout, time.monotonic())
+        if stall is not None:
+            return stall
+        if job.assigned and self._mark_silent(host_timeout):
+            return self._lost_failure()
+        if timeout is not None and elapsed > timeout:
+            return HorovodRunnerError(
+                f"The job did not finish within timeout={timeout:g}s and was stopped. "
+                f"Raise HorovodRunner(timeout=...) if it needs longer."
+            )
+        return None
+
+    def _idle_failure(
+        self, job: JobState, job_error: Callable[[], BaseException | None], elapsed: float,
+        start_timeout: float,
+    ) -> HorovodRunnerError | None:  # fmt: skip
+        """With no message: the launch backend failed, or the ranks never all started."""
+        err = job_error()
+        if err is not None:
+            return HorovodRunnerError(
+                f"The launch backend failed before all ranks finished: {type(err).__name__}: {err}"
+            )
+        if not job.assigned and elapsed > start_timeout:
+            return HorovodRunnerError(
+                f"Only {len(job.registered)} of np={self.np} ranks started within "
+                f"start_timeout={start_timeout:g}s. The cluster probably has no "
+                f"{self.np} free task slots at once (other jobs, or executors still "
+                f"starting). Free slots, lower np, or raise start_timeout."
+            )
+        return None
+
+    def _stop_late_ranks(
+        self, job: JobState, exit_grace: float, emit: Callable[[str], None]
+    ) -> None:
+        emit(
+            f"[hvdrunner] WARNING: rank(s) {job.late_ranks()} still running {exit_grace:g}s "
+            f"(exit_grace) after rank 0 returned; stopping them. Rank 0's value is "
+            f"returned. A rank that keeps working after training (an endless loop, a "
+            f"thread that is not a daemon) is the usual cause."
+        )
+        self.abort()
+        self._drain_exits(job, emit)
+
+    def _verdict(
+        self, job: JobState, emit: Callable[[str], None], host_timeout: float
+    ) -> HorovodRunnerError:
+        """Stop the others, then name the real cause first: a lost host makes its peers fail
+        too (gloo connection reset or timeout), so it outranks them."""
+        self.abort()
+        self._drain_exits(job, emit)
+        self._mark_silent(min(SILENT_AT_VERDICT_S, host_timeout))
+        lost = self._lost_failure()
+        if lost is not None:
+            return lost
+        if job.failed_report is not None:
+            return rank_failure(job.failed_report, self._scrub, job.exits)
+        assert job.failure is not None
+        return job.failure
 
     def _scrub(self, text: str) -> str:
         return scrub(text, self._secrets)
@@ -337,7 +323,7 @@ class DriverService:
             [(str(c.host), c.rank, c.where(), c.lost) for c in conns if c.rank is not None]
         )
 
-    def _drain_exits(self, exits: dict[int, dict[str, Any]], emit: Callable[[str], None]) -> None:
+    def _drain_exits(self, job: JobState, emit: Callable[[str], None]) -> None:
         """After an abort, wait briefly so the other ranks are reaped before we return."""
         deadline = time.monotonic() + ABORT_WAIT_S
 
@@ -345,36 +331,40 @@ class DriverService:
             now = time.monotonic()
             with self._lock:
                 ranked = [c for c in self._conns.values() if c.rank is not None]
-            return sum(1 for c in ranked if c.rank not in exits and not c.lost
+            return sum(1 for c in ranked if c.rank not in job.exits and not c.lost
                        and now - c.last_seen < SILENT_AT_VERDICT_S)  # fmt: skip
 
         while outstanding() and time.monotonic() < deadline:
             try:
-                cid, kind, payload = self._events.get(timeout=0.1)
+                cid, message = self._events.get(timeout=0.1)
             except queue.Empty:
                 continue
-            if kind == "exit":
-                exits[payload["rank"]] = payload
-                with self._lock:
-                    if cid in self._conns:
-                        self._conns[cid].exited = True
-            elif kind == "disconnect":
-                with self._lock:
-                    conn = self._conns.get(cid)
-                if conn is not None and not conn.exited and conn.rank is not None:
-                    conn.lost = True
-            else:
-                _show_output(kind, payload, emit)
+            with self._lock:
+                conn = self._conns.get(cid)
+            if isinstance(message, protocol.Output):
+                emit(message.line())
+            elif conn is not None and isinstance(message, protocol.ExitReport):
+                job.exits[message.rank] = message
+                conn.exited = True
+            elif (
+                conn is not None
+                and isinstance(message, protocol.Disconnected)
+                and not conn.exited
+                and conn.rank is not None
+            ):
+                conn.lost = True
 
 
-def _show_output(kind: str, payload: Any, emit: Callable[[str], None]) -> bool:
-    """Print a rank's output line or ``log_to_driver`` message; False for other events."""
-    if kind == "line":
-        rank, stream, text = payload
-        emit(f"[{rank}]<{stream}>: {text}")
-    elif kind == "log":
-        rank, text = payload
-        emit(f"[{rank}] {text}")
-    else:
-        return False
-    return True
+def _rank0_value(result: bytes | None) -> Any:
+    """Rank 0's return value, unpickled, or the error saying why it cannot be."""
+    if result is None:
+        raise HorovodRunnerError("Rank 0 finished without sending its return value.", rank=0)
+    try:
+        return cloudpickle.loads(result)
+    except Exception as exc:
+        raise HorovodRunnerError(
+            f"Rank 0's return value could not be unpickled on the driver "
+            f"({type(exc).__name__}: {exc}). Return plain data (numbers, dicts, numpy "
+            f"arrays) rather than objects of modules the driver cannot import.",
+            rank=0,
+        ) from exc

@@ -3,6 +3,10 @@
 Every frame is ``8-byte big-endian length + pickle((kind, payload))``. Pickle is only read
 after the peer proved it holds the job's secret key (horovod's ``secret`` helpers), so a
 stray or hostile connection never reaches ``pickle.loads``.
+
+What a task tells the driver is one of the typed messages below (the frame's payload);
+:func:`decode` turns a frame into one, refusing anything else. The driver only sends
+``assign`` (the rank's Horovod environment), ``abort`` and ``beat``.
 """
 
 from __future__ import annotations
@@ -14,7 +18,8 @@ import socket
 import struct
 import threading
 import traceback
-from typing import Any, BinaryIO
+from dataclasses import dataclass
+from typing import Any, BinaryIO, cast
 
 from horovod.runner.common.util import secret
 
@@ -33,6 +38,86 @@ HEARTBEAT_S = 1.0
 
 class ProtocolError(RuntimeError):
     """The peer closed the connection, sent garbage, or failed authentication."""
+
+
+# -- what tasks tell the driver ----------------------------------------------------------------
+@dataclass(frozen=True)
+class Register:
+    """A task is up: its partition, host id and where it runs (for rank assignment, errors)."""
+
+    partition: int | None
+    host: str
+    address: str | None = None
+    hostname: str | None = None
+    ip: str | None = None
+
+
+@dataclass(frozen=True)
+class ExitReport:
+    """A rank's end: exit code, how it ended, its exception (if any) and its last output."""
+
+    rank: int
+    code: int
+    how: str
+    error: dict[str, str] | None = None
+    tail: tuple[str, ...] = ()
+    aborted: bool = False  # stopped by the driver's abort, not failed on its own
+
+    @property
+    def failed(self) -> bool:
+        return self.code != 0 and not self.aborted
+
+
+@dataclass(frozen=True)
+class Output:
+    """A line of a rank's stdout/stderr (``stream`` set) or a ``log_to_driver`` message."""
+
+    rank: int
+    text: str
+    stream: str | None = None
+
+    def line(self) -> str:
+        return (
+            f"[{self.rank}]<{self.stream}>: {self.text}"
+            if self.stream
+            else f"[{self.rank}] {self.text}"
+        )
+
+
+@dataclass(frozen=True)
+class Result:
+    """Rank 0's return value, cloudpickled."""
+
+    rank: int
+    value: bytes
+
+
+@dataclass(frozen=True)
+class RankState:
+    """The watchdog: where a rank has been stuck (``None``: it moves again)."""
+
+    rank: int
+    state: dict[str, Any] | None
+
+
+@dataclass(frozen=True)
+class Disconnected:
+    """The connection to a task dropped (made by the driver, never sent)."""
+
+
+Message = Register | ExitReport | Output | Result | RankState | Disconnected
+_KINDS: dict[str, type] = {
+    "register": Register, "exit": ExitReport, "output": Output, "result": Result,
+    "state": RankState,
+}  # fmt: skip
+
+
+def decode(kind: str, payload: Any) -> Message:
+    """The typed message of a task's frame; :class:`ProtocolError` for anything else."""
+    expected = _KINDS.get(kind)
+    if expected is None or not isinstance(payload, expected):
+        raise ProtocolError(f"unexpected frame {kind!r} ({type(payload).__name__}) from a task")
+    return cast(Message, payload)
 
 
 def error_report(exc: BaseException, message: str | None = None) -> dict[str, str]:

@@ -16,7 +16,7 @@ import tempfile
 import threading
 import time
 from collections.abc import Mapping
-from typing import IO, Any
+from typing import IO
 
 import psutil
 
@@ -79,7 +79,7 @@ class RankSupervisor:
                 self._tail.append(f"<{name}>: {text}")
             if self._forward:
                 try:
-                    self._channel.send("line", (self._rank, name, text))
+                    self._channel.send("output", protocol.Output(self._rank, text, name))
                 except OSError:
                     self._forward = False  # driver gone; keep draining so the child never blocks
             else:
@@ -93,10 +93,12 @@ class RankSupervisor:
                 kind, payload = protocol.read_frame(stream.read)
                 if kind == "error":
                     self._error = payload
-                elif kind in ("log", "state"):
-                    self._channel.send(kind, payload if kind == "log" else (self._rank, payload))
+                elif kind == "log":  # log_to_driver in the rank: (rank, text)
+                    self._channel.send("output", protocol.Output(payload[0], payload[1]))
+                elif kind == "state":
+                    self._channel.send("state", protocol.RankState(self._rank, payload))
                 elif kind == "result":
-                    self._channel.send("result", (self._rank, payload))
+                    self._channel.send("result", protocol.Result(self._rank, payload))
         except (protocol.ProtocolError, OSError, EOFError):
             pass
         finally:
@@ -221,14 +223,9 @@ class RankSupervisor:
                 t.join(timeout=3)
         with self._tail_lock:
             tail = list(self._tail)
-        report: dict[str, Any] = {
-            "rank": self._rank,
-            "code": code,
-            "how": describe_exit(code),
-            "error": self._error,
-            "tail": tail,
-            "aborted": self._aborted.is_set(),
-        }
+        report = protocol.ExitReport(
+            self._rank, code, describe_exit(code), self._error, tuple(tail), self._aborted.is_set()
+        )
         with contextlib.suppress(OSError):
             self._channel.send("exit", report)
         return code

@@ -121,8 +121,8 @@ def run_slot(spec: TaskSpec, partition: int, address: str, task_gpus: Sequence[s
                      name="hvdrunner-beat", daemon=True).start()  # fmt: skip
     try:
         # hostname and ip name this host in errors (a lost host, a broken one).
-        channel.send("register", {"partition": partition, "host": host, "address": address,
-                                  "hostname": socket.gethostname(), "ip": ip})  # fmt: skip
+        channel.send("register", protocol.Register(partition, host, address,
+                                                   socket.gethostname(), ip))  # fmt: skip
         kind, assigned = channel.recv()
         while kind == "beat":
             kind, assigned = channel.recv()
@@ -133,15 +133,7 @@ def run_slot(spec: TaskSpec, partition: int, address: str, task_gpus: Sequence[s
             env = _rank_env(spec, assigned, address, ip, task_gpus)
         except Exception as exc:  # noqa: BLE001 - reported to the driver as this rank's failure
             channel.send(
-                "exit",
-                {
-                    "rank": rank,
-                    "code": 1,
-                    "how": "setup failed",
-                    "error": protocol.error_report(exc),
-                    "tail": [],
-                    "aborted": False,
-                },
+                "exit", protocol.ExitReport(rank, 1, "setup failed", protocol.error_report(exc))
             )
             return 1
         supervisor = RankSupervisor(

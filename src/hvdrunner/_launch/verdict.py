@@ -9,6 +9,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from hvdrunner._launch.protocol import ExitReport
 from hvdrunner.errors import HorovodRunnerError
 
 #: (host id, rank, "host (ip)" for messages, lost) for each started task.
@@ -73,22 +74,23 @@ def stall_failure(
 
 
 def rank_failure(
-    report: dict[str, Any], scrub: Callable[[str], str], exits: dict[int, dict[str, Any]]
+    report: ExitReport, scrub: Callable[[str], str], exits: dict[int, ExitReport]
 ) -> HorovodRunnerError:
-    rank = report["rank"]
-    tail = [_clip(scrub(line)) for line in report["tail"]]
+    """The error of a rank that failed on its own, with the early exit of others if real."""
+    rank = report.rank
+    tail = [_clip(scrub(line)) for line in report.tail]
     # A rank that returned early (exit 0) while the others still called collectives is the
     # cause of their failure, not the rank that reported it -- but only when that failure
     # is a failed collective: rank 0 failing in its own rank-0-only work at the end (an
     # unpicklable return value, MLflow logging) after the others returned is its own cause.
-    early = sorted(r for r, e in exits.items() if e["code"] == 0 and r != rank)
+    early = sorted(r for r, e in exits.items() if e.code == 0 and r != rank)
     cause = ""
     if early and _failed_in_a_collective(report):
         cause = (
             f"Rank(s) {early} had already returned (exit code 0) while the others were "
             f"still running collectives: every rank must run the same steps. "
         )
-    err = report.get("error")
+    err = report.error
     if err:
         err = {k: scrub(v) if isinstance(v, str) else v for k, v in err.items()}
     if err:
@@ -105,7 +107,7 @@ def rank_failure(
             output_tail=tail,
         )
     return HorovodRunnerError(
-        f"{cause}Rank {rank} died ({report['how']}) without raising a Python exception. "
+        f"{cause}Rank {rank} died ({report.how}) without raising a Python exception. "
         f"The other ranks were stopped.",
         rank=rank,
         output_tail=tail,
@@ -117,9 +119,9 @@ _COLLECTIVE_SIGNS = ("Horovod has been shut down", "HorovodInternalError", "gloo
                      "Connection closed by peer", "Connection reset by peer")  # fmt: skip
 
 
-def _failed_in_a_collective(report: dict[str, Any]) -> bool:
-    err = report.get("error") or {}
-    text = " ".join([str(err.get("type", "")), str(err.get("message", "")), *report["tail"][-20:]])
+def _failed_in_a_collective(report: ExitReport) -> bool:
+    err = report.error or {}
+    text = " ".join([str(err.get("type", "")), str(err.get("message", "")), *report.tail[-20:]])
     return any(sign in text for sign in _COLLECTIVE_SIGNS)
 
 

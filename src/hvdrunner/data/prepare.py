@@ -141,13 +141,13 @@ def prepare(
             f"dtype={dtype!r} is not supported; pass one of {sorted(_DTYPES)} (floating "
             f"columns are cast to it; integer columns keep their type)"
         )
-    return materialize(
+    return _materialize(
         df, features, label, cache_dir or DEFAULT_CACHE_DIR, dtype, shapes or {}, rows_per_file,
         refresh=refresh, shared=shared,
     )  # fmt: skip
 
 
-def materialize(
+def _materialize(
     df: Any,
     features: str | Sequence[str],
     label: str | None,
@@ -158,12 +158,36 @@ def materialize(
     refresh: bool = False,
     shared: bool = False,
 ) -> PreparedData:
-    from pyspark.ml.functions import vector_to_array
-    from pyspark.sql import functions as F
-
+    """:func:`prepare` after its argument checks: reuse a verified cache or write one."""
     _check_driver()
-    single = isinstance(features, str)
     feats = (features,) if isinstance(features, str) else tuple(features)
+    wanted, fields, kinds = _check_columns(df, feats, label, shapes)
+    loc = _check_location(cache_dir, str(df.sparkSession.sparkContext.master), shared)
+    key, final, existing = _cached(df, wanted, dtype, shapes, loc, refresh)
+    if existing is not None:
+        return existing
+    selected, aggs = _select(df, wanted, kinds, fields, dtype)
+    _say("checking columns (one Spark job)")
+    stats = selected.agg(*aggs).collect()[0].asDict()
+    num_rows = int(stats["_rows"])
+    if num_rows == 0:
+        raise ValueError(
+            "the DataFrame is empty: there is nothing to train on. Check its filters and source."
+        )
+    columns = [
+        _column_spec(name, kinds[name], fields[name], stats, shapes, dtype) for name in wanted
+    ]
+    meta = {
+        "features": list(feats), "label": label, "single_feature": isinstance(features, str),
+        "shared": bool(shared or loc.shared),
+    }  # fmt: skip
+    return _write(selected, columns, num_rows, loc, final, key, rows_per_file, meta)
+
+
+def _check_columns(
+    df: Any, feats: tuple[str, ...], label: str | None, shapes: dict[str, Sequence[int]]
+) -> tuple[list[str], dict[str, Any], dict[str, tuple[str, int]]]:
+    """The columns to write, their Spark types and kinds; ValueError naming a bad one."""
     if not feats:
         raise ValueError("features must name at least one column")
     wanted = [*feats, *([label] if label is not None else [])]
@@ -178,8 +202,14 @@ def materialize(
     for name in shapes:
         if name not in wanted:
             raise ValueError(f"shapes names {name!r}, which is not a feature or label column")
-    kinds = {name: _column_kind(name, fields[name]) for name in wanted}
-    loc = _check_location(cache_dir, str(df.sparkSession.sparkContext.master), shared)
+    return wanted, fields, {name: _column_kind(name, fields[name]) for name in wanted}
+
+
+def _cached(
+    df: Any, wanted: list[str], dtype: str, shapes: dict[str, Sequence[int]],
+    loc: _paths.Location, refresh: bool,
+) -> tuple[str, _paths.Location, PreparedData | None]:  # fmt: skip
+    """The cache key, the final location, and the verified copy there if it can be reused."""
     inputs = input_identity(df)
     key = cache_key(df, wanted, dtype, dict(shapes), inputs)
     if inputs is None:
@@ -192,9 +222,18 @@ def materialize(
     if existing is not None:
         what = f"{len(inputs)} unchanged input file(s)" if inputs else "the same in-plan data"
         _say(f"reusing prepared data at {final.spark_url} ({existing.num_rows} rows; {what})")
-        return existing
-    if refresh:
+    elif refresh:
         shutil.rmtree(final.local_path, ignore_errors=True)
+    return key, final, existing
+
+
+def _select(
+    df: Any, wanted: list[str], kinds: dict[str, tuple[str, int]], fields: dict[str, Any],
+    dtype: str,
+) -> tuple[Any, list[Any]]:  # fmt: skip
+    """The DataFrame to write (vectors as arrays, floats cast) and the checks to run on it."""
+    from pyspark.ml.functions import vector_to_array
+    from pyspark.sql import functions as F
 
     exprs, aggs = [], [F.count(F.lit(1)).alias("_rows")]
     for name in wanted:
@@ -206,85 +245,91 @@ def materialize(
             col = col.cast(_array_type(depth, dtype))
         exprs.append(col.alias(name))
         aggs.append(F.sum(F.col(name).isNull().cast("long")).alias(f"{name}__nulls"))
-    selected = df.select(*exprs)
     for name in wanted:
         kind, depth = kinds[name]
         if kind != "scalar":
-            col = F.col(name)
-            flat = F.flatten(col) if depth == 2 else col
-            # A null element would become NaN (floats) or INT64_MIN (ints) in a batch.
-            null_elem = F.exists(flat, lambda x: x.isNull())
-            aggs += [
-                F.min(F.size(flat)).alias(f"{name}__min"),
-                F.max(F.size(flat)).alias(f"{name}__max"),
-            ]
-            if depth == 2:
-                null_elem = null_elem | F.exists(col, lambda a: a.isNull())
-                inner = F.transform(col, lambda a: F.size(a))
-                aggs += [
-                    F.min(F.size(col)).alias(f"{name}__outer_min"),
-                    F.max(F.size(col)).alias(f"{name}__outer_max"),
-                    F.min(F.array_min(inner)).alias(f"{name}__inner_min"),
-                    F.max(F.array_max(inner)).alias(f"{name}__inner_max"),
-                ]
-            aggs.append(
-                F.sum(F.coalesce(null_elem, F.lit(True)).cast("long")).alias(f"{name}__null_elems")
-            )
-    _say("checking columns (one Spark job)")
-    stats = selected.agg(*aggs).collect()[0].asDict()
-    num_rows = int(stats["_rows"])
-    if num_rows == 0:
-        raise ValueError(
-            "the DataFrame is empty: there is nothing to train on. Check its filters and source."
-        )
-    columns = []
-    for name in wanted:
-        if stats[f"{name}__nulls"]:
-            raise ValueError(
-                f"column {name!r} has {stats[f'{name}__nulls']} null rows; fill them "
-                f"(df.fillna) or filter them out before prepare()."
-            )
-        kind, depth = kinds[name]
-        shape: tuple[int, ...] = ()
-        if kind != "scalar":
-            if stats[f"{name}__null_elems"]:
-                raise ValueError(
-                    f"column {name!r} has {stats[f'{name}__null_elems']} rows with null "
-                    f"elements inside their arrays (they would become NaN or INT64_MIN in a "
-                    f"batch); replace them in Spark first, e.g. F.transform(col, lambda x: "
-                    f"F.coalesce(x, F.lit(0))), or filter those rows out."
-                )
-            lo, hi = stats[f"{name}__min"], stats[f"{name}__max"]
-            if lo != hi:
-                raise ValueError(
-                    f"column {name!r} holds ragged arrays (lengths {lo}..{hi}); a batch needs "
-                    f"one length. Pad or truncate them in Spark (e.g. F.slice) first."
-                )
-            if depth == 1:
-                shape = (hi,)
-            else:
-                outer_len = (stats[f"{name}__outer_min"], stats[f"{name}__outer_max"])
-                inner_len = (stats[f"{name}__inner_min"], stats[f"{name}__inner_max"])
-                if outer_len[0] != outer_len[1] or inner_len[0] != inner_len[1]:
-                    raise ValueError(
-                        f"column {name!r} holds nested arrays of unequal shape (outer lengths "
-                        f"{outer_len[0]}..{outer_len[1]}, inner lengths {inner_len[0]}.."
-                        f"{inner_len[1]}); every row must have the same (outer, inner) shape. "
-                        f"Pad or reshape in Spark."
-                    )
-                shape = (outer_len[0], inner_len[0])
-        if name in shapes:
-            wanted_shape = tuple(int(s) for s in shapes[name])
-            if math.prod(wanted_shape) != math.prod(shape or (1,)):
-                raise ValueError(
-                    f"shapes[{name!r}]={wanted_shape} does not fit rows of {math.prod(shape or (1,))} values"
-                )
-            shape = wanted_shape
-        np_dtype = (
-            dtype if _is_floating(fields[name]) or kind == "vector" else _numpy_name(fields[name])
-        )
-        columns.append(Column(name, np_dtype, shape, depth))
+            aggs += _array_checks(name, depth)
+    return df.select(*exprs), aggs
 
+
+def _array_checks(name: str, depth: int) -> list[Any]:
+    """Length bounds and null elements of an array column (nested: both levels)."""
+    from pyspark.sql import functions as F
+
+    col = F.col(name)
+    flat = F.flatten(col) if depth == 2 else col
+    # A null element would become NaN (floats) or INT64_MIN (ints) in a batch.
+    null_elem = F.exists(flat, lambda x: x.isNull())
+    aggs = [F.min(F.size(flat)).alias(f"{name}__min"), F.max(F.size(flat)).alias(f"{name}__max")]
+    if depth == 2:
+        null_elem = null_elem | F.exists(col, lambda a: a.isNull())
+        inner = F.transform(col, lambda a: F.size(a))
+        aggs += [
+            F.min(F.size(col)).alias(f"{name}__outer_min"),
+            F.max(F.size(col)).alias(f"{name}__outer_max"),
+            F.min(F.array_min(inner)).alias(f"{name}__inner_min"),
+            F.max(F.array_max(inner)).alias(f"{name}__inner_max"),
+        ]
+    aggs.append(F.sum(F.coalesce(null_elem, F.lit(True)).cast("long")).alias(f"{name}__null_elems"))
+    return aggs
+
+
+def _column_spec(
+    name: str, kind_depth: tuple[str, int], spark_type: Any, stats: dict[str, Any],
+    shapes: dict[str, Sequence[int]], dtype: str,
+) -> Column:  # fmt: skip
+    """The column as the ranks will read it, or ValueError for nulls and ragged arrays."""
+    if stats[f"{name}__nulls"]:
+        raise ValueError(
+            f"column {name!r} has {stats[f'{name}__nulls']} null rows; fill them "
+            f"(df.fillna) or filter them out before prepare()."
+        )
+    kind, depth = kind_depth
+    shape = () if kind == "scalar" else _array_shape(name, depth, stats)
+    if name in shapes:
+        wanted_shape = tuple(int(s) for s in shapes[name])
+        if math.prod(wanted_shape) != math.prod(shape or (1,)):
+            raise ValueError(
+                f"shapes[{name!r}]={wanted_shape} does not fit rows of {math.prod(shape or (1,))} values"
+            )
+        shape = wanted_shape
+    np_dtype = dtype if _is_floating(spark_type) or kind == "vector" else _numpy_name(spark_type)
+    return Column(name, np_dtype, shape, depth)
+
+
+def _array_shape(name: str, depth: int, stats: dict[str, Any]) -> tuple[int, ...]:
+    if stats[f"{name}__null_elems"]:
+        raise ValueError(
+            f"column {name!r} has {stats[f'{name}__null_elems']} rows with null "
+            f"elements inside their arrays (they would become NaN or INT64_MIN in a "
+            f"batch); replace them in Spark first, e.g. F.transform(col, lambda x: "
+            f"F.coalesce(x, F.lit(0))), or filter those rows out."
+        )
+    lo, hi = stats[f"{name}__min"], stats[f"{name}__max"]
+    if lo != hi:
+        raise ValueError(
+            f"column {name!r} holds ragged arrays (lengths {lo}..{hi}); a batch needs "
+            f"one length. Pad or truncate them in Spark (e.g. F.slice) first."
+        )
+    if depth == 1:
+        return (hi,)
+    outer_len = (stats[f"{name}__outer_min"], stats[f"{name}__outer_max"])
+    inner_len = (stats[f"{name}__inner_min"], stats[f"{name}__inner_max"])
+    if outer_len[0] != outer_len[1] or inner_len[0] != inner_len[1]:
+        raise ValueError(
+            f"column {name!r} holds nested arrays of unequal shape (outer lengths "
+            f"{outer_len[0]}..{outer_len[1]}, inner lengths {inner_len[0]}.."
+            f"{inner_len[1]}); every row must have the same (outer, inner) shape. "
+            f"Pad or reshape in Spark."
+        )
+    return (outer_len[0], inner_len[0])
+
+
+def _write(
+    selected: Any, columns: list[Column], num_rows: int, loc: _paths.Location,
+    final: _paths.Location, key: str, rows_per_file: int | None, meta: dict[str, Any],
+) -> PreparedData:  # fmt: skip
+    """Parquet into a temporary folder, checked, then renamed: whole or not at all."""
     row_bytes = sum(max(1, math.prod(c.shape)) * 8 for c in columns)
     per_file = rows_per_file or max(256, _TARGET_FILE_BYTES // row_bytes)
     tmp = loc.join(f".tmp-{key}-{uuid.uuid4().hex[:8]}")
@@ -305,16 +350,9 @@ def materialize(
                 f"path (DBFS or /Volumes on Databricks; NFS or a FUSE-mounted bucket elsewhere)."
             )
         meta = {
-            "format": _FORMAT,
-            "spark_url": final.spark_url,
-            "files": files,
-            "num_rows": num_rows,
-            "columns": [dataclasses.asdict(c) for c in columns],
-            "features": list(feats),
-            "label": label,
-            "single_feature": single,
-            "shared": bool(shared or loc.shared),
-        }
+            "format": _FORMAT, "spark_url": final.spark_url, "files": files,
+            "num_rows": num_rows, "columns": [dataclasses.asdict(c) for c in columns], **meta,
+        }  # fmt: skip
         with open(os.path.join(tmp.local_path, _META), "w") as f:
             json.dump(meta, f)
         try:

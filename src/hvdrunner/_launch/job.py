@@ -1,0 +1,115 @@
+"""What the driver knows about a running job, updated by one handler per task message.
+
+:class:`JobState` holds the registrations, exit reports, rank 0's value and the watchdog
+states; :meth:`JobState.handle` dispatches each typed message of
+:mod:`hvdrunner._launch.protocol` to its handler. The driver's loop
+(:meth:`hvdrunner._launch.driver.DriverService.wait`) owns the clock and the verdict.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from typing import Any, Protocol
+
+from hvdrunner._launch.protocol import (
+    Disconnected,
+    ExitReport,
+    Message,
+    RankState,
+    Register,
+    Result,
+)
+from hvdrunner.errors import HorovodRunnerError
+
+
+class Task(Protocol):
+    """The driver's view of one connected task (``driver._Conn``)."""
+
+    partition: int | None
+    host: str | None
+    address: str | None
+    hostname: str | None
+    ip: str | None
+    rank: int | None
+    exited: bool
+    lost: bool
+
+
+class JobState:
+    """Registrations, exits, rank 0's value and stalls of one job, message by message.
+
+    Args:
+        np: the number of ranks.
+        assign: called once all ``np`` tasks registered, with them (hands out ranks).
+        lost: the error naming the lost hosts, or ``None`` (called when a task drops).
+    """
+
+    def __init__(
+        self,
+        np: int,
+        assign: Callable[[list[Any]], None],
+        lost: Callable[[], HorovodRunnerError | None],
+    ) -> None:
+        self.np = np
+        self._assign, self._lost = assign, lost
+        self.registered: list[Any] = []
+        self.assigned = False
+        self.exits: dict[int, ExitReport] = {}
+        self.result: bytes | None = None
+        self.failure: HorovodRunnerError | None = None  # decided: stop now
+        self.failed_report: ExitReport | None = None  # a rank failed: verdict after the drain
+        self.rank0_done: float | None = None
+        self.stuck: dict[int, dict[str, Any]] = {}  # rank -> its watchdog report (+ since)
+        self._handlers: dict[type, Callable[[Any, Any], None]] = {
+            Register: self.on_register, Result: self.on_result, RankState: self.on_state,
+            ExitReport: self.on_exit, Disconnected: self.on_disconnect,
+        }  # fmt: skip
+
+    @property
+    def running(self) -> bool:
+        """No verdict yet and some rank has not exited."""
+        return len(self.exits) < self.np and self.failure is None and self.failed_report is None
+
+    @property
+    def failing(self) -> bool:
+        return self.failure is not None or self.failed_report is not None
+
+    def handle(self, task: Task, message: Message) -> None:
+        """Apply one message from ``task`` (output lines are shown by the driver, not here)."""
+        self._handlers[type(message)](task, message)
+
+    def on_register(self, task: Task, msg: Register) -> None:
+        task.partition, task.host, task.address = msg.partition, msg.host, msg.address
+        task.hostname, task.ip = msg.hostname, msg.ip
+        self.registered.append(task)
+        if len(self.registered) == self.np:
+            self._assign(self.registered)
+            self.assigned = True
+
+    def on_result(self, task: Task, msg: Result) -> None:
+        self.result = msg.value
+
+    def on_state(self, task: Task, msg: RankState) -> None:
+        if msg.state is None:
+            self.stuck.pop(msg.rank, None)
+        else:
+            since = time.monotonic() - msg.state["stuck_for"]
+            self.stuck[msg.rank] = {**msg.state, "since": since}
+
+    def on_exit(self, task: Task, msg: ExitReport) -> None:
+        task.exited = True
+        self.exits[msg.rank] = msg
+        if msg.failed:
+            self.failed_report = msg  # the error is built once every rank exited
+        elif msg.rank == 0:
+            self.rank0_done = time.monotonic()
+
+    def on_disconnect(self, task: Task, msg: Disconnected) -> None:
+        if not task.exited and task.rank is not None:
+            task.lost = True
+            self.failure = self._lost()
+
+    def late_ranks(self) -> list[int]:
+        """Ranks that have not exited yet."""
+        return sorted(set(range(self.np)) - set(self.exits))
