@@ -9,6 +9,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from typing import Any
 
 from hvdrunner import tracking
@@ -158,48 +159,51 @@ class HorovodRunner:
         payload = dumps_payload(main, kwargs)  # before any process or Spark job starts
         track_env = tracking.driver_context()
         secrets = secrets_in(track_env)
-        launch: Any
-        if self.num_processor < 0:
-            from hvdrunner._launch.local_backend import LocalLaunch
-
-            np = -self.num_processor
-            addr, bind, where = "127.0.0.1", "127.0.0.1", "driver processes"
-            spread = True
-        else:
-            from hvdrunner._launch import spark_backend
-
-            sc = _active_spark_context()
-            np = self.num_processor
-            if np == 0:  # sparkdl: all task slots
-                np = spark_backend.task_slots(sc)[0]
-                _status(f"np=0: using all {np} task slots of the cluster")
-            spark_backend.preflight(sc, np, wait_s=self.start_timeout)
-            addr, bind, where = (
-                spark_backend.driver_address(sc),
-                "0.0.0.0",
-                f"Spark barrier tasks ({sc.master})",
-            )
-            spread = str(sc.master).startswith("local")
+        target = self._target()
         key = secret.make_secret_key()
         service = DriverService(
-            np, key, rendezvous_addr=addr, bind=bind,
+            target.np, key, rendezvous_addr=target.addr, bind=target.bind,
             extra_env=track_env, secrets=secrets,
         )  # fmt: skip
         spec = TaskSpec(
-            driver_addr=addr,
+            driver_addr=target.addr,
             driver_port=service.port,
             key=key,
             payload=payload,
             forward_output=self.driver_log_verbosity == "all",
-            spread_host_gpus=spread,
+            spread_host_gpus=target.spread,
             pythonpath=_local_pythonpath(),
             host_timeout=self.host_timeout,
         )
+        _status(f"launching {target.np} Horovod ranks on {target.where}")
+        return self._supervise(target.launch(spec), service, track_env, secrets)
+
+    def _target(self) -> _Target:
+        """Where the ranks run: driver processes (np<0) or Spark barrier tasks, checked."""
         if self.num_processor < 0:
-            launch = LocalLaunch(np, spec)
-        else:
-            launch = spark_backend.SparkLaunch(sc, np, spec)
-        _status(f"launching {np} Horovod ranks on {where}")
+            from hvdrunner._launch.local_backend import LocalLaunch
+
+            np = -self.num_processor
+            return _Target(np, "127.0.0.1", "127.0.0.1", "driver processes", True,
+                           lambda spec: LocalLaunch(np, spec))  # fmt: skip
+        from hvdrunner._launch import spark_backend
+
+        sc = _active_spark_context()
+        np = self.num_processor
+        if np == 0:  # sparkdl: all task slots
+            np = spark_backend.task_slots(sc)[0]
+            _status(f"np=0: using all {np} task slots of the cluster")
+        spark_backend.preflight(sc, np, wait_s=self.start_timeout)
+        return _Target(
+            np, spark_backend.driver_address(sc), "0.0.0.0", f"Spark barrier tasks ({sc.master})",
+            str(sc.master).startswith("local"), lambda spec: spark_backend.SparkLaunch(sc, np, spec),
+        )  # fmt: skip
+
+    def _supervise(
+        self, launch: Any, service: Any, track_env: dict[str, str], secrets: list[str]
+    ) -> Any:
+        """Start the ranks and wait for the verdict; on any failure no rank outlives run()
+        and the MLflow run ends FAILED (the job's error is what the caller gets)."""
         started = time.monotonic()
         ok = False
         try:
@@ -212,18 +216,10 @@ class HorovodRunner:
                 )  # fmt: skip
             ok = True
         except BaseException as err:
-            # The job's error is what the caller gets; a tracking failure while recording
-            # it is a warning (chained), never a replacement, and the run is never left
-            # RUNNING or active.
+            # A tracking failure while recording the error is a warning (chained), never a
+            # replacement, and the run is never left RUNNING or active.
             if track_env:
-                summary = (
-                    err.summary
-                    if isinstance(err, HorovodRunnerError)
-                    else "the driver received SIGTERM"
-                    if isinstance(err, _Terminated)
-                    else f"{type(err).__name__}: {err}"
-                )
-                tracking.mark_failed(summary, secrets)
+                tracking.mark_failed(_summary(err), secrets)
             raise
         finally:
             if not ok:  # also on KeyboardInterrupt in the notebook: no rank outlives run()
@@ -232,6 +228,24 @@ class HorovodRunner:
             service.close()
             _status(f"job {'finished' if ok else 'failed'} after {time.monotonic() - started:.1f}s")
         return result
+
+
+@dataclass(frozen=True)
+class _Target:
+    np: int
+    addr: str  # the driver's address the tasks connect to
+    bind: str
+    where: str
+    spread: bool  # spread one host's GPUs over its ranks (single-host masters)
+    launch: Callable[[Any], Any]  # TaskSpec -> a launch backend
+
+
+def _summary(err: BaseException) -> str:
+    if isinstance(err, HorovodRunnerError):
+        return err.summary
+    if isinstance(err, _Terminated):
+        return "the driver received SIGTERM"
+    return f"{type(err).__name__}: {err}"
 
 
 def _active_spark_context() -> Any:
