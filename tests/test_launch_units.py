@@ -179,3 +179,14 @@ def test_job_state_one_handler_per_message():
     t.rank = 0
     other.handle(t, protocol.Disconnected())
     assert t.lost and str(other.failure) == "lost host" and other.failing
+
+
+def test_tensorflow_cuda_probing_lines_are_noise_only_without_a_gpu():
+    from hvdrunner._launch.supervisor import is_cpu_noise
+
+    assert is_cpu_noise(
+        "E0000 00:00:17 cuda_executor.cc:1228] failed call to cuInit: UNKNOWN ERROR (303)"
+    )
+    assert is_cpu_noise("I0000 cudart_stub.cc:31] Could not find cuda drivers on your machine")
+    assert not is_cpu_noise("Epoch 1/10 - loss: 0.31")
+    assert not is_cpu_noise("ValueError: column 'x' has 3 null rows")

@@ -28,14 +28,22 @@ from horovod.tensorflow import (
     Sum,
     allgather_object,
     broadcast_object,
+    cross_rank,
+    cross_size,
+    gloo_built,
+    gloo_enabled,
     is_initialized,
     local_rank,
     local_size,
+    mpi_built,
+    mpi_enabled,
+    nccl_built,
     rank,
     shutdown,
     size,
 )
 from horovod.tensorflow.compression import Compression
+from horovod.tensorflow.mpi_ops import global_process_set
 
 from hvdrunner.keras import callbacks, compat
 from hvdrunner.keras.callbacks import broadcast_variables as _broadcast_variables
@@ -46,23 +54,32 @@ __all__ = [
     "Compression",
     "DistributedOptimizer",
     "Sum",
+    "allgather",
     "allgather_object",
     "allreduce",
     "broadcast",
+    "broadcast_global_variables",
     "broadcast_object",
     "broadcast_variables",
     "callbacks",
+    "cross_rank",
+    "cross_size",
+    "elastic",
+    "gloo_built",
+    "gloo_enabled",
+    "global_process_set",
     "init",
     "is_initialized",
+    "load_model",
     "local_rank",
     "local_size",
+    "mpi_built",
+    "mpi_enabled",
+    "nccl_built",
     "rank",
     "shutdown",
     "size",
 ]
-
-# Horovod arguments that select devices or tune its own fusion: meaningless here, accepted.
-_IGNORED = ("device_dense", "device_sparse", "num_groups", "groups", "scale_local_gradients")
 
 
 def init(*args: Any, **kwargs: Any) -> None:
@@ -76,27 +93,44 @@ def init(*args: Any, **kwargs: Any) -> None:
 def DistributedOptimizer(  # noqa: N802 - Horovod's name
     optimizer: Any,
     name: str | None = None,
+    device_dense: str = "",
+    device_sparse: str = "",
     compression: Any = Compression.none,
     sparse_as_dense: bool = False,
+    gradient_predivide_factor: float = 1.0,
     op: Any = Average,
     backward_passes_per_step: int = 1,
     average_aggregated_gradients: bool = False,
-    **kwargs: Any,
+    num_groups: int = 0,
+    groups: Any = None,
+    process_set: Any = global_process_set,
+    scale_local_gradients: bool = True,
 ) -> Any:
     """Make a Keras optimizer average gradients over all ranks (Keras 2 or 3).
 
-    The optimizer keeps its class, config and state; the same object is returned.
-    ``op`` must be ``Average`` (what data parallelism needs). Device and grouping arguments
-    of Horovod's version are accepted and ignored. ``backward_passes_per_step=N``
-    accumulates N batches locally before one exchange; as in Horovod, the N local
-    gradients are summed unless ``average_aggregated_gradients=True``.
+    Horovod 0.28.1's signature. The optimizer keeps its class, config and state; the same
+    object is returned, with Horovod's ``register_local_var(var)`` (that variable's gradient
+    stays this rank's own). ``op`` must be ``Average`` (what data parallelism needs).
+    ``backward_passes_per_step=N`` accumulates N batches locally before one exchange; as in
+    Horovod, the N local gradients are summed unless ``average_aggregated_gradients=True``.
+    What only tunes *how* Horovod reduces - devices, ``num_groups``/``groups`` (fusion
+    grouping), ``gradient_predivide_factor`` (where the averaging division happens),
+    ``sparse_as_dense`` (sparse gradients are always reduced dense here),
+    ``scale_local_gradients`` - gives the same averaged gradients and is accepted as such.
+    Only the global process set is supported.
 
     Example:
         >>> opt = DistributedOptimizer(tf.keras.optimizers.SGD(0.01 * size()))  # doctest: +SKIP
     """
-    unknown = sorted(set(kwargs) - set(_IGNORED))
-    if unknown:
-        raise TypeError(f"DistributedOptimizer() got unexpected argument(s): {unknown}")
+    if process_set is not global_process_set:
+        raise ValueError(
+            "DistributedOptimizer(process_set=...): only the global process set is supported "
+            "here (every rank trains the same model); run one HorovodRunner job per group"
+        )
+    if not gradient_predivide_factor > 0:
+        raise ValueError(
+            f"gradient_predivide_factor must be > 0, got {gradient_predivide_factor!r}"
+        )
     if op is not Average:
         raise ValueError(
             "DistributedOptimizer averages gradients (op=hvd.Average); other reductions would "
@@ -134,3 +168,55 @@ def broadcast(value: Any, root_rank: int, name: str | None = None) -> Any:
     import tensorflow as tf
 
     return hvd.broadcast(tf.constant(value), root_rank, name=name).numpy()
+
+
+def allgather(value: Any, name: str | None = None) -> Any:
+    """Every rank's ``value`` (arrays) concatenated along the first axis, as numpy."""
+    import horovod.tensorflow as hvd
+    import tensorflow as tf
+
+    return hvd.allgather(tf.constant(value), name=name).numpy()
+
+
+def broadcast_global_variables(root_rank: int) -> None:
+    """TF1 graph collections do not exist here (as in Horovod under eager TF 2)."""
+    raise RuntimeError(
+        "broadcast_global_variables() needs TF1 graph collections, which TF 2 does not have "
+        "(Horovod raises too). Use callbacks.BroadcastGlobalVariablesCallback(0) in fit, or "
+        "broadcast_variables(model.variables, root_rank=0)."
+    )
+
+
+def load_model(
+    filepath: str,
+    custom_optimizers: Sequence[type] | None = None,
+    custom_objects: dict[str, Any] | None = None,
+    compression: Any = Compression.none,
+    legacy_opts: bool = False,
+) -> Any:
+    """Load a saved Keras model; its optimizer (if any) averages gradients, as in Horovod."""
+    keras = compat.tf_keras()
+    objects = dict(custom_objects or {})
+    for cls in custom_optimizers or ():
+        objects[cls.__name__] = cls
+    model = keras.models.load_model(filepath, custom_objects=objects or None)
+    if getattr(model, "optimizer", None) is not None:
+        distribute(model.optimizer, compression=compression, sparse_as_dense=False,
+                   average_aggregated_gradients=False)  # fmt: skip
+    return model
+
+
+class _Elastic:
+    """``hvd.elastic``: elastic training is not supported; the attribute access says why."""
+
+    def __getattr__(self, name: str) -> Any:
+        raise NotImplementedError(
+            f"hvd_keras.elastic.{name}: elastic Horovod (ranks joining and leaving a running "
+            f"job) is not supported by HorovodRunner, whose Spark barrier stage has a fixed "
+            f"size. Use checkpoints and retries instead: hvdrunner.keras.fit(checkpoint_dir=...) "
+            f"resumes from the newest intact checkpoint when the job (or the Databricks task, "
+            f"max_retries) runs again."
+        )
+
+
+elastic = _Elastic()

@@ -45,6 +45,26 @@ def describe_exit(code: int) -> str:
     return f"{name}{hint}"
 
 
+#: Set in a rank's environment when it has no GPU: then the lines below are noise.
+NO_GPU_ENV = "HVDRUNNER_NO_GPU"
+#: What TensorFlow prints while probing CUDA and CPU features on a machine without a GPU.
+#: Shown to nobody there (still kept in the error tail); on a GPU node every line shows.
+CPU_NOISE = (
+    "failed call to cuInit", "Could not find cuda drivers on your machine",
+    "Unable to register cuDNN factory", "Unable to register cuFFT factory",
+    "Unable to register cuBLAS factory", "TF-TRT Warning: Could not find TensorRT",
+    "oneDNN custom operations are on", "This TensorFlow binary is optimized to use",
+    "To enable the following instructions", "rebuild TensorFlow with the appropriate compiler",
+    "All log messages before absl::InitializeLog() is called", "computation placer already registered",
+    "cuda_executor.cc", "cudart_stub.cc",
+)  # fmt: skip
+
+
+def is_cpu_noise(text: str) -> bool:
+    """A line of TensorFlow's CUDA/CPU probing (see :data:`CPU_NOISE`)."""
+    return any(marker in text for marker in CPU_NOISE)
+
+
 class RankSupervisor:
     """Runs ``python -m hvdrunner._launch.worker`` for one rank and reports to ``channel``."""
 
@@ -62,6 +82,7 @@ class RankSupervisor:
         self._env = dict(env)
         self._payload = payload
         self._forward = forward_output
+        self._quiet_cpu = self._env.get(NO_GPU_ENV) == "1"
         self._tail: collections.deque[str] = collections.deque(maxlen=TAIL_LINES)
         self._tail_lock = threading.Lock()
         self._error: dict[str, str] | None = None
@@ -77,6 +98,8 @@ class RankSupervisor:
             text = raw.decode("utf-8", errors="replace").rstrip("\n")
             with self._tail_lock:
                 self._tail.append(f"<{name}>: {text}")
+            if self._quiet_cpu and is_cpu_noise(text):
+                continue
             if self._forward:
                 try:
                     self._channel.send("output", protocol.Output(self._rank, text, name))

@@ -17,7 +17,7 @@ import psutil
 
 from hvdrunner import multihost
 from hvdrunner._launch import protocol
-from hvdrunner._launch.supervisor import RankSupervisor
+from hvdrunner._launch.supervisor import NO_GPU_ENV, RankSupervisor
 from hvdrunner.distributed import cuda_visible_devices, host_gpus
 
 
@@ -93,6 +93,9 @@ def _rank_env(
     )
     if gpus is not None:
         env["CUDA_VISIBLE_DEVICES"] = gpus
+    if not gpus and not host_gpus():
+        # No GPU for this rank: TensorFlow's CUDA probing lines are noise, not news.
+        env[NO_GPU_ENV] = "1"
     # Let the child import the driver's local modules when they exist here (local mode).
     extra = [p for p in spec.pythonpath if p and os.path.isdir(p)]
     if extra:

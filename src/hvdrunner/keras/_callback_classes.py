@@ -17,6 +17,7 @@ from hvdrunner.core.schedule import warmup_multiplier
 from hvdrunner.distributed import is_rank0
 from hvdrunner.keras import compat
 from hvdrunner.keras.collectives import average_metrics, broadcast_model, check_in_sync
+from hvdrunner.keras.optimizer import variable_key
 
 __all__ = [
     "BroadcastGlobalVariablesCallback",
@@ -38,10 +39,19 @@ def _format(logs: dict[str, Any] | None) -> str:
 class BroadcastGlobalVariablesCallback(base):
     """Broadcast model and optimizer state from ``root_rank`` before training starts."""
 
-    def __init__(self, root_rank: int = 0, device: str = "") -> None:
+    def __init__(self, root_rank: int = 0, device: str = "", local_variables: Any = None) -> None:
         super().__init__()
         self.root_rank = root_rank
         self.broadcast_done = False
+        self._local: set[int] = set()
+        if local_variables is not None:
+            many = isinstance(local_variables, list | tuple)
+            for var in local_variables if many else [local_variables]:
+                self.register_local_var(var)
+
+    def register_local_var(self, var: Any) -> None:
+        """Horovod's name: ``var`` keeps each rank's own value (it is not broadcast)."""
+        self._local.add(variable_key(var))
 
     def _broadcast(self) -> None:
         if getattr(self.model, "jit_compile", False) is True:
@@ -49,7 +59,7 @@ class BroadcastGlobalVariablesCallback(base):
                 "the model is compiled with jit_compile=True: XLA cannot run Horovod's "
                 "allreduce. Compile with model.compile(..., jit_compile=False)."
             )
-        broadcast_model(self.model, self.root_rank)
+        broadcast_model(self.model, self.root_rank, exclude=self._local)
         self.broadcast_done = True
 
     def on_train_begin(self, logs: dict[str, Any] | None = None) -> None:

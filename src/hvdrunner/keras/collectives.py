@@ -13,6 +13,7 @@ import numpy as np
 
 from hvdrunner.core.sync import check_fingerprints, weight_fingerprint
 from hvdrunner.keras import compat
+from hvdrunner.keras.optimizer import variable_key
 
 SYNC_FIX = (
     "Use hvdrunner.keras.fit, or wrap the optimizer with hvdrunner.hvd_keras.DistributedOptimizer "
@@ -30,10 +31,14 @@ def broadcast_variables(variables: Sequence[Any], root_rank: int = 0) -> None:
         hvd.broadcast_variables(tf_vars, root_rank=root_rank)
 
 
-def broadcast_model(model: Any, root_rank: int = 0) -> None:
-    """Broadcast the model's weights and its optimizer's state (built first if needed)."""
+def broadcast_model(model: Any, root_rank: int = 0, exclude: set[int] | None = None) -> None:
+    """Broadcast the model's weights and its optimizer's state (built first if needed).
+
+    ``exclude``: :func:`~hvdrunner.keras.optimizer.variable_key` of model variables that
+    keep each rank's own value (Horovod's ``local_variables``).
+    """
     optimizer = getattr(model, "optimizer", None)
-    variables = list(model.variables)
+    variables = [v for v in model.variables if variable_key(v) not in (exclude or set())]
     if optimizer is not None:
         compat.build_optimizer(optimizer, model.trainable_variables)
         variables += compat.optimizer_variables(optimizer)

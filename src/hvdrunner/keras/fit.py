@@ -267,9 +267,9 @@ def _train(
             if validation is not None
             else None
         )
-        history = model.fit(
+        history = model.fit(  # shuffle=False: the input shuffles itself (Keras would warn)
             ds, steps_per_epoch=steps, epochs=cfg.epochs, initial_epoch=initial_epoch,
-            validation_data=val_ds, validation_steps=val_steps,
+            validation_data=val_ds, validation_steps=val_steps, shuffle=False,
             callbacks=cbs, verbose=cfg.verbose if is_rank0() else 0,
         )  # fmt: skip
         example = next(iter(ds))

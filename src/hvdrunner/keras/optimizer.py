@@ -29,18 +29,29 @@ def _compression(name: str | Any) -> Any:
     )
 
 
-def allreduce_gradients(grads: list[Any], compression: Any) -> list[Any]:
+def variable_key(var: Any) -> int:
+    """Identity of a variable across Keras generations (Keras 3 wraps a ``tf.Variable``)."""
+    return id(compat.tf_variable(var))
+
+
+def allreduce_gradients(
+    grads: list[Any], compression: Any, local: list[bool] | None = None
+) -> list[Any]:
     """Average ``grads`` over all ranks in one grouped allreduce (graph- and eager-safe).
 
     ``None`` gradients (variables the loss does not touch) stay ``None``; sparse gradients
-    (``IndexedSlices`` from embeddings) are made dense first.
+    (``IndexedSlices`` from embeddings) are made dense first; ``local[i]`` keeps gradient
+    ``i`` as this rank computed it (a variable registered with ``register_local_var``).
     """
     import horovod.tensorflow as hvd
     import tensorflow as tf
 
     if hvd.size() == 1:
         return list(grads)
-    present = [i for i, g in enumerate(grads) if g is not None]
+    keep = local or [False] * len(grads)
+    present = [i for i, g in enumerate(grads) if g is not None and not keep[i]]
+    if not present:
+        return list(grads)
     dense = []
     for i in present:
         g = grads[i]
@@ -76,7 +87,16 @@ def _accumulators(opt: Any, grads: list[Any]) -> tuple[Any, list[Any]]:
     return state
 
 
-def _reduce_and_apply(opt: Any, grads: list[Any], apply: Any) -> Any:
+def _local_mask(opt: Any, variables: list[Any] | None) -> list[bool] | None:
+    registered = opt.__dict__.get("_hvdrunner_local")
+    if not registered or variables is None:
+        return None
+    return [variable_key(v) in registered for v in variables]
+
+
+def _reduce_and_apply(
+    opt: Any, grads: list[Any], apply: Any, variables: list[Any] | None = None
+) -> Any:
     """``apply(averaged grads)`` now, or, with ``backward_passes_per_step=N > 1``, add the
     gradients to local accumulators and exchange + apply only on every N-th pass.
 
@@ -88,8 +108,9 @@ def _reduce_and_apply(opt: Any, grads: list[Any], apply: Any) -> Any:
     import tensorflow as tf
 
     passes = opt._hvdrunner_passes
+    local = _local_mask(opt, variables)
     if passes == 1:
-        return apply(allreduce_gradients(grads, opt._hvdrunner_compression))
+        return apply(allreduce_gradients(grads, opt._hvdrunner_compression, local))
     counter, accs = _accumulators(opt, grads)
     updates = [
         acc.assign_add(tf.convert_to_tensor(g))
@@ -101,12 +122,12 @@ def _reduce_and_apply(opt: Any, grads: list[Any], apply: Any) -> Any:
 
     def exchange_and_apply() -> Any:
         scale = 1.0 / passes if opt._hvdrunner_average_passes else 1.0
-        local = [
+        summed = [
             None if acc is None or g is None else acc.read_value() * tf.cast(scale, acc.dtype)
             for acc, g in zip(accs, grads, strict=True)
         ]
         with tf.control_dependencies(
-            [apply(allreduce_gradients(local, opt._hvdrunner_compression))]
+            [apply(allreduce_gradients(summed, opt._hvdrunner_compression, local))]
         ):
             resets = [acc.assign(tf.zeros_like(acc)) for acc in accs if acc is not None]
         with tf.control_dependencies(resets):
@@ -127,7 +148,8 @@ def _subclass(base: type, keras3: bool) -> type:
                 base.apply(self, reduced, trainable_variables)  # type: ignore[attr-defined]
                 return self.iterations
 
-            return _reduce_and_apply(self, list(grads), update)
+            variables = trainable_variables or getattr(self, "_trainable_variables", None)
+            return _reduce_and_apply(self, list(grads), update, list(variables or []) or None)
 
         methods: dict[str, Any] = {"apply": apply}
     else:
@@ -141,12 +163,13 @@ def _subclass(base: type, keras3: bool) -> type:
                     self, list(zip(reduced, variables, strict=True)), *args, **kwargs
                 )
 
-            return _reduce_and_apply(self, [g for g, _ in pairs], update)
+            return _reduce_and_apply(self, [g for g, _ in pairs], update, variables)
 
         methods = {"apply_gradients": apply_gradients}
     # Same name and module as the base: a saved model (with its optimizer) deserializes as
     # the plain optimizer wherever hvdrunner/horovod are absent.
-    methods.update({"__module__": base.__module__, "__qualname__": base.__qualname__, _MARK: True})
+    methods.update({"__module__": base.__module__, "__qualname__": base.__qualname__, _MARK: True,
+                    "register_local_var": _register_local_var})  # fmt: skip
     return type(base.__name__, (base,), methods)
 
 
@@ -199,6 +222,12 @@ def distribute(
     optimizer._hvdrunner_average_passes = bool(average_aggregated_gradients)
     optimizer.__class__ = _subclass(type(optimizer), keras3)
     return optimizer
+
+
+def _register_local_var(self: Any, var: Any) -> None:
+    """Horovod's ``register_local_var``: this variable's gradient is not averaged over ranks
+    (each rank applies its own), e.g. a per-rank embedding or a local head."""
+    self.__dict__.setdefault("_hvdrunner_local", set()).add(variable_key(var))
 
 
 def check_passes(value: Any) -> None:
