@@ -276,3 +276,28 @@ def test_handle_is_small_and_picklable(spark, cache_dir):
     )
     assert len(cloudpickle.dumps(data)) < 10_000
     assert Path(data.local_path).is_dir()
+
+
+@pytest.mark.parametrize("ranks", [3, 4, 5])
+def test_more_than_two_ranks_get_equal_full_steps_and_every_row(spark, cache_dir, ranks):
+    data = prepare(
+        _numbered(spark, 1003), features="x", label="row", cache_dir=cache_dir, rows_per_file=89
+    )
+    epochs = [_epoch_rows(data, s, ranks, 32, shuffle=False) for s in range(ranks)]
+    assert len({len(e) for e in epochs}) == 1  # equal steps on every rank: nobody waits
+    assert set(np.concatenate(epochs).tolist()) == set(range(1003))  # no row dropped
+
+
+def test_a_crash_while_writing_leaves_no_half_cache(spark, tmp_path, monkeypatch):
+    from hvdrunner.data import prepare as prepare_module
+
+    def crash(path):
+        raise OSError("executor lost mid-write")
+
+    monkeypatch.setattr(prepare_module, "file_rows", crash)  # after Spark wrote the files
+    with pytest.raises(OSError, match="executor lost mid-write"):
+        prepare(_numbered(spark, 100), features="x", label="row", cache_dir=str(tmp_path))
+    assert os.listdir(tmp_path) == []  # neither a final folder nor a temporary one
+    monkeypatch.undo()
+    data = prepare(_numbered(spark, 100), features="x", label="row", cache_dir=str(tmp_path))
+    assert data.num_rows == 100  # the next prepare writes it whole

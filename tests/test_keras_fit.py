@@ -441,3 +441,37 @@ def test_the_callback_names_are_the_classes_module_s_and_real_keras_callbacks():
         cls = getattr(callbacks, name)
         assert cls is getattr(_callback_classes, name) and cls.__name__ == name
         assert issubclass(cls, compat.tf_keras().callbacks.Callback)
+
+
+def fit_recording_lr(**kwargs):
+    import numpy as np
+
+    from hvdrunner.keras import compat
+
+    seen: list[float] = []
+
+    class Record(compat.tf_keras().callbacks.Callback):
+        def on_train_batch_begin(self, batch, logs=None):  # after fit's warmup set it
+            seen.append(float(np.asarray(self.model.optimizer.learning_rate)))
+
+    result = fit(callbacks=[Record()], **kwargs)
+    return result, seen
+
+
+@pytest.mark.timeout(300)
+def test_warmup_ramps_the_learning_rate_per_batch_to_the_scaled_rate(digits):
+    from hvdrunner.core.schedule import warmup_multiplier
+
+    data, _, _ = digits
+    result, seen = HorovodRunner(np=-2).run(
+        fit_recording_lr, build_model=build_mlp, data=data, epochs=3, batch_size=64,
+        learning_rate=0.01, warmup_epochs=2, optimizer="sgd", log_model=False,
+        loss="sparse_categorical_crossentropy",
+    )  # fmt: skip
+    steps = result.steps_per_epoch
+    expected = [
+        0.02 * warmup_multiplier(e + b / steps, size=2, warmup_epochs=2)
+        for e in range(3) for b in range(steps)
+    ]  # fmt: skip
+    np.testing.assert_allclose(seen, expected, rtol=1e-5)
+    assert seen[0] == pytest.approx(0.01) and seen[-1] == pytest.approx(0.02)  # 1/size -> 1

@@ -249,3 +249,17 @@ def test_run_leaves_a_spark_session_it_did_not_create_running(spark, tmp_path):
     )
     assert run([str(path)], {}, str(tmp_path / "tv.json"), "local[1]") == 0
     assert spark.range(4).count() == 4  # the caller's session (here: the suite's) still works
+
+
+def test_display_shows_a_dataframe_like_databricks_does(spark, tmp_path, capsys):
+    path = _write(
+        tmp_path, "01_show.py",
+        "# Databricks notebook source\ndisplay(spark.range(3).toDF('n'))\ndisplay({'a': 1})\n",
+    )  # fmt: skip
+    from hvdrunner.notebook.shim import display
+
+    ns = {"__name__": "__main__", "spark": spark, "display": display,
+          "dbutils": LocalDbutils({}, str(tmp_path / "tv.json"), "show")}  # fmt: skip
+    run_notebook(str(path), ns)
+    out = capsys.readouterr().out
+    assert "|  n|" in out and "|  2|" in out and "{'a': 1}" in out
