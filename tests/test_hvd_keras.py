@@ -302,3 +302,19 @@ def test_the_drop_in_names_and_signatures_follow_horovod():
         hvd.broadcast_global_variables(0)
     with pytest.raises(ValueError, match="only the global process set"):
         hvd.DistributedOptimizer(object(), process_set=object())
+
+
+@pytest.mark.skipif(MODE != "keras3", reason=f"tf.keras is Keras 2 here ({MODE}): allowed")
+@pytest.mark.parametrize("module", ["horovod.tensorflow.keras", "horovod.keras", "horovod._keras"])
+def test_every_horovod_keras_module_is_refused_by_the_rank_guard_under_keras3(module):
+    import subprocess
+    import sys
+
+    code = (
+        "from hvdrunner._import_guard import install_import_guard\n"
+        "install_import_guard()\n"
+        f"try:\n    import {module}\n    print('imported')\n"
+        "except ImportError as e:\n    print('refused', 'hvdrunner.hvd_keras' in str(e))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.stdout.strip() == "refused True", out.stdout + out.stderr
