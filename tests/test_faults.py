@@ -251,17 +251,22 @@ import os, sys, mlflow
 sys.path[:0] = {paths!r}
 from hvdrunner import HorovodRunner
 from test_faults import sleeps
+if {np} > 0:  # Spark barrier tasks: a local[2] session, as a notebook has
+    from hvdrunner.spark import local_session
+    local_session("local[2]")
 mlflow.set_tracking_uri({uri!r})
 with mlflow.start_run() as run:
     print("RUN", run.info.run_id, flush=True)
-    HorovodRunner(np=-2).run(sleeps, seconds=600)
+    HorovodRunner(np={np}).run(sleeps, seconds=600)
 """
 
 
-def test_sigterm_to_the_driver_ends_the_run_failed_and_leaves_no_rank(store, tmp_path):
+@pytest.mark.timeout(240)
+@pytest.mark.parametrize("np_", [-2, 2], ids=["driver-processes", "spark-barrier"])
+def test_sigterm_to_the_driver_ends_the_run_failed_and_leaves_no_rank(store, tmp_path, np_):
     here = os.path.dirname(os.path.abspath(__file__))
     script = tmp_path / "driver.py"
-    script.write_text(DRIVER.format(paths=[here], uri=mlflow.get_tracking_uri()))
+    script.write_text(DRIVER.format(paths=[here], uri=mlflow.get_tracking_uri(), np=np_))
     proc = subprocess.Popen(
         [sys.executable, str(script)], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
     )

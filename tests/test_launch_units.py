@@ -190,3 +190,18 @@ def test_tensorflow_cuda_probing_lines_are_noise_only_without_a_gpu():
     assert is_cpu_noise("I0000 cudart_stub.cc:31] Could not find cuda drivers on your machine")
     assert not is_cpu_noise("Epoch 1/10 - loss: 0.31")
     assert not is_cpu_noise("ValueError: column 'x' has 3 null rows")
+
+
+def test_hosts_with_different_horovod_builds_fail_the_job_before_any_rank_starts():
+    from hvdrunner._launch.job import JobState
+
+    assigned: list = []
+    job = JobState(3, assigned.append, lambda: None)
+    for i, (host, build) in enumerate([("node-a", "0.28.1 (hvdrunner gloo patch)"),
+                                       ("node-a", "0.28.1 (hvdrunner gloo patch)"),
+                                       ("node-b", "0.28.1 (no hvdrunner patch)")]):  # fmt: skip
+        job.handle(_FakeTask(), protocol.Register(i, host, hostname=host, horovod=build))
+    assert assigned == [] and not job.assigned  # no rank got its environment
+    message = str(job.failure)
+    assert "different horovod builds" in message
+    assert "0.28.1 (no hvdrunner patch): node-b" in message and "same horovod wheel" in message

@@ -51,6 +51,20 @@ def _horovod_version() -> str | None:
         return None
 
 
+def horovod_build() -> str:
+    """This host's horovod, as a short label: version, and whether hvdrunner's patch is in.
+
+    Example:
+        >>> horovod_build()  # doctest: +SKIP
+        '0.28.1 (hvdrunner gloo patch)'
+    """
+    version = _horovod_version()
+    if version is None:
+        return "none"
+    patched = importlib.util.find_spec(MARKER_MODULE) is not None
+    return f"{version} ({'hvdrunner gloo patch' if patched else 'no hvdrunner patch'})"
+
+
 def hostname_address(hostname: str | None = None) -> str | None:
     """The address gloo binds for ``hostname`` (default: this machine's) when no interface
     is given: the first one ``getaddrinfo`` returns, as gloo's ``lookupAddrForHostname``

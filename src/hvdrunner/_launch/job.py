@@ -61,6 +61,7 @@ class JobState:
         self.failed_report: ExitReport | None = None  # a rank failed: verdict after the drain
         self.rank0_done: float | None = None
         self.stuck: dict[int, dict[str, Any]] = {}  # rank -> its watchdog report (+ since)
+        self._builds: dict[str | None, list[str]] = {}  # horovod build -> its hosts
         self._handlers: dict[type, Callable[[Any, Any], None]] = {
             Register: self.on_register, Result: self.on_result, RankState: self.on_state,
             ExitReport: self.on_exit, Disconnected: self.on_disconnect,
@@ -83,9 +84,21 @@ class JobState:
         task.partition, task.host, task.address = msg.partition, msg.host, msg.address
         task.hostname, task.ip = msg.hostname, msg.ip
         self.registered.append(task)
-        if len(self.registered) == self.np:
-            self._assign(self.registered)
-            self.assigned = True
+        self._builds[msg.horovod] = self._builds.get(msg.horovod, []) + [msg.hostname or msg.host]
+        if len(self.registered) < self.np:
+            return
+        if len(self._builds) > 1:  # one horovod per job, or the ranks speak past each other
+            hosts = "; ".join(
+                f"{build}: {', '.join(sorted(set(h)))}" for build, h in self._builds.items()
+            )
+            self.failure = HorovodRunnerError(
+                f"The hosts of this job have different horovod builds ({hosts}). Every node "
+                f"must install the same horovod wheel (the bundle's task library, built once "
+                f"by hvdrunner_build_horovod); restart the cluster after fixing its libraries."
+            )
+            return
+        self._assign(self.registered)
+        self.assigned = True
 
     def on_result(self, task: Task, msg: Result) -> None:
         self.result = msg.value

@@ -50,6 +50,7 @@ class Register:
     address: str | None = None
     hostname: str | None = None
     ip: str | None = None
+    horovod: str | None = None  # multihost.horovod_build(): every host must have the same
 
 
 @dataclass(frozen=True)

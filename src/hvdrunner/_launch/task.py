@@ -124,8 +124,8 @@ def run_slot(spec: TaskSpec, partition: int, address: str, task_gpus: Sequence[s
                      name="hvdrunner-beat", daemon=True).start()  # fmt: skip
     try:
         # hostname and ip name this host in errors (a lost host, a broken one).
-        channel.send("register", protocol.Register(partition, host, address,
-                                                   socket.gethostname(), ip))  # fmt: skip
+        channel.send("register", protocol.Register(partition, host, address, socket.gethostname(),
+                                                   ip, multihost.horovod_build()))  # fmt: skip
         kind, assigned = channel.recv()
         while kind == "beat":
             kind, assigned = channel.recv()
