@@ -289,7 +289,11 @@ def test_more_than_two_ranks_get_equal_full_steps_and_every_row(spark, cache_dir
 
 
 def test_a_crash_while_writing_leaves_no_half_cache(spark, tmp_path, monkeypatch):
-    from hvdrunner.data import prepare as prepare_module
+    import importlib
+
+    prepare_module = importlib.import_module(
+        "hvdrunner.data.prepare"
+    )  # the module, not the function
 
     def crash(path):
         raise OSError("executor lost mid-write")
