@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import os
 import sys
 
@@ -41,7 +42,12 @@ def main(argv: list[str] | None = None) -> int:
 
 def _demo(args: argparse.Namespace) -> int:
     """The README's main job: the three notebooks chained as one local job."""
+    # MLflow's sqlite store narrates its schema migrations at INFO (alembic): not news to
+    # someone running a demo. Real warnings still show.
+    os.environ.setdefault("MLFLOW_LOGGING_LEVEL", "WARNING")
     import mlflow
+
+    logging.getLogger("alembic").setLevel(logging.WARNING)
 
     from hvdrunner import notebook
 
