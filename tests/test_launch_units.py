@@ -190,6 +190,12 @@ def test_tensorflow_cuda_probing_lines_are_noise_only_without_a_gpu():
     assert is_cpu_noise("I0000 cudart_stub.cc:31] Could not find cuda drivers on your machine")
     assert not is_cpu_noise("Epoch 1/10 - loss: 0.31")
     assert not is_cpu_noise("ValueError: column 'x' has 3 null rows")
+    from hvdrunner._launch.supervisor import is_chatter
+
+    assert is_chatter(
+        "2026/12/01 11:18:42 INFO alembic.runtime.migration: Context impl SQLiteImpl."
+    )
+    assert not is_chatter("2026/12/01 11:18:42 WARNING mlflow.models: model signature mismatch")
 
 
 def test_hosts_with_different_horovod_builds_fail_the_job_before_any_rank_starts():

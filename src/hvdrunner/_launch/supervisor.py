@@ -60,9 +60,19 @@ CPU_NOISE = (
 )  # fmt: skip
 
 
+#: MLflow's sqlite store narrating its schema migrations at INFO in every process that
+#: opens it (MLflow pins the alembic logger at INFO): never relayed, kept in the tail.
+CHATTER = ("INFO alembic.runtime.", "INFO mlflow.store.db.utils:")
+
+
 def is_cpu_noise(text: str) -> bool:
     """A line of TensorFlow's CUDA/CPU probing (see :data:`CPU_NOISE`)."""
     return any(marker in text for marker in CPU_NOISE)
+
+
+def is_chatter(text: str) -> bool:
+    """A line of library chatter no user needs (see :data:`CHATTER`)."""
+    return any(marker in text for marker in CHATTER)
 
 
 class RankSupervisor:
@@ -98,7 +108,7 @@ class RankSupervisor:
             text = raw.decode("utf-8", errors="replace").rstrip("\n")
             with self._tail_lock:
                 self._tail.append(f"<{name}>: {text}")
-            if self._quiet_cpu and is_cpu_noise(text):
+            if is_chatter(text) or (self._quiet_cpu and is_cpu_noise(text)):
                 continue
             if self._forward:
                 try:
