@@ -492,3 +492,16 @@ def test_warmup_ramps_the_learning_rate_per_batch_to_the_scaled_rate(digits):
     ]  # fmt: skip
     np.testing.assert_allclose(seen, expected, rtol=1e-5)
     assert seen[0] == pytest.approx(0.01) and seen[-1] == pytest.approx(0.02)  # 1/size -> 1
+
+
+@pytest.mark.timeout(300)
+def test_a_resume_past_the_warmup_trains_at_the_full_scaled_rate(digits, tmp_path):
+    data, _, _ = digits
+    args = dict(build_model=build_mlp, data=data, batch_size=64, learning_rate=0.01,
+                warmup_epochs=1, optimizer="sgd", log_model=False,
+                loss="sparse_categorical_crossentropy", checkpoint_dir=str(tmp_path / "ckpt"))  # fmt: skip
+    first, _ = HorovodRunner(np=-2).run(fit_recording_lr, epochs=2, **args)
+    assert first.initial_epoch == 0
+    resumed, seen = HorovodRunner(np=-2).run(fit_recording_lr, epochs=3, **args)
+    assert resumed.initial_epoch == 2 and len(seen) == resumed.steps_per_epoch
+    np.testing.assert_allclose(seen, 0.02, rtol=1e-6)  # no warmup restarted from 1/size
