@@ -505,3 +505,15 @@ def test_a_resume_past_the_warmup_trains_at_the_full_scaled_rate(digits, tmp_pat
     resumed, seen = HorovodRunner(np=-2).run(fit_recording_lr, epochs=3, **args)
     assert resumed.initial_epoch == 2 and len(seen) == resumed.steps_per_epoch
     np.testing.assert_allclose(seen, 0.02, rtol=1e-6)  # no warmup restarted from 1/size
+
+
+@pytest.mark.timeout(300)
+def test_keras_progress_comes_from_rank_0_only(digits, capsys):
+    data, _, _ = digits
+    HorovodRunner(np=-2, driver_log_verbosity="all").run(
+        fit, build_model=build_mlp, data=data, epochs=2, batch_size=64, log_model=False,
+        loss="sparse_categorical_crossentropy",
+    )  # fmt: skip
+    out = capsys.readouterr().out
+    assert "[0]<stdout>: Epoch 2/2" in out
+    assert not [line for line in out.splitlines() if line.startswith("[1]") and "Epoch" in line]
