@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Build (or reuse) and install horovod 0.28.1 against the TensorFlow already installed in
 # $PYTHON's environment. The one horovod builder of the project: scripts/setup_stack.sh
-# calls it for the local stacks, scripts/databricks/install_horovod.sh on a cluster.
+# calls it for the local stacks, scripts/databricks/build_horovod_wheel.py (the bundle's wheel
+# job) on a Databricks cluster.
 #
 #   PYTHON=/path/to/python  HVDRUNNER_WHEEL_CACHE=/dir  bash scripts/install_horovod.sh
 #
