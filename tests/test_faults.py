@@ -246,6 +246,18 @@ def test_tracking_server_down_job_error_wins_in_bounded_time(store, capsys):
     assert mlflow.get_run(run.info.run_id).info.status in ("RUNNING", "FAILED")
 
 
+def _worker_ranks(pid: int) -> list[psutil.Process]:
+    """The rank processes below ``pid`` (Spark's short-lived helpers may be zombies)."""
+    out = []
+    for p in psutil.Process(pid).children(recursive=True):
+        try:
+            if "hvdrunner._launch.worker" in " ".join(p.cmdline()):
+                out.append(p)
+        except (psutil.NoSuchProcess, psutil.ZombieProcess, psutil.AccessDenied):
+            continue
+    return out
+
+
 DRIVER = """
 import os, sys, mlflow
 sys.path[:0] = {paths!r}
@@ -278,15 +290,18 @@ def test_sigterm_to_the_driver_ends_the_run_failed_and_leaves_no_rank(store, tmp
             run_id = line.split()[1]
     assert run_id is not None
     # wait until both ranks run, then terminate the driver as a cancelled job would
-    while time.monotonic() < deadline:
-        ranks = [p for p in psutil.Process(proc.pid).children(recursive=True)
-                 if "hvdrunner._launch.worker" in " ".join(p.cmdline())]  # fmt: skip
-        if len(ranks) == 2:
-            break
-        time.sleep(0.2)
-    started = time.monotonic()
-    proc.send_signal(signal.SIGTERM)
-    code = proc.wait(timeout=60)
+    try:
+        while time.monotonic() < deadline:
+            ranks = _worker_ranks(proc.pid)
+            if len(ranks) == 2:
+                break
+            time.sleep(0.2)
+        started = time.monotonic()
+        proc.send_signal(signal.SIGTERM)
+        code = proc.wait(timeout=60)
+    finally:
+        if proc.poll() is None:  # never leave the driver (and its 600 s ranks) behind
+            proc.kill()
     assert code == 128 + signal.SIGTERM
     assert time.monotonic() - started < 30
     assert mlflow.get_run(run_id).info.status == "FAILED"

@@ -223,7 +223,7 @@ class HorovodRunner:
             raise
         finally:
             if not ok:  # also on KeyboardInterrupt in the notebook: no rank outlives run()
-                service.abort()
+                service.stop_ranks()
             launch.stop(cancel=not ok)
             service.close()
             _status(f"job {'finished' if ok else 'failed'} after {time.monotonic() - started:.1f}s")

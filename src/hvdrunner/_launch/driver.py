@@ -189,6 +189,29 @@ class DriverService:
             with contextlib.suppress(OSError):
                 conn.channel.send("abort", None)
 
+    def stop_ranks(self, timeout: float = ABORT_WAIT_S) -> None:
+        """Abort, then wait (bounded) until every started rank reported its exit or is gone:
+        run() must not return while a rank of its job still runs (SIGTERM, Ctrl-C)."""
+        self.abort()
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            now = time.monotonic()
+            with self._lock:
+                running = [c for c in self._conns.values() if c.rank is not None and not c.exited
+                           and not c.lost and now - c.last_seen < SILENT_AT_VERDICT_S]  # fmt: skip
+            if not running:
+                return
+            try:
+                cid, message = self._events.get(timeout=0.1)
+            except queue.Empty:
+                continue
+            with self._lock:
+                conn = self._conns.get(cid)
+            if conn is not None and isinstance(message, protocol.ExitReport):
+                conn.exited = True
+            elif conn is not None and isinstance(message, protocol.Disconnected):
+                conn.lost = True
+
     # -- the verdict ---------------------------------------------------------------------
     def wait(
         self,
