@@ -107,18 +107,19 @@ def test_without_a_wheel_or_build_tools_the_job_fails_loudly_and_leaves_nothing(
 
 def test_the_job_refuses_a_wrong_src_or_an_unwritable_volume(tmp_path):
     python = _databricks_python(tmp_path)
-    bad_src = subprocess.run(
-        [sys.executable, str(JOB), "--src", str(tmp_path), "--out", str(tmp_path / "o"),
-         "--python", str(python)], capture_output=True, text=True,
-    )  # fmt: skip
+
+    def job(src: Path, out: Path) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [sys.executable, str(JOB), "--src", str(src), "--out", str(out), "--python", str(python)],
+            capture_output=True, text=True,
+        )  # fmt: skip
+
+    bad_src = job(tmp_path, tmp_path / "o")
     assert bad_src.returncode == 1 and "has no scripts/install_horovod.sh" in bad_src.stderr
     assert "${workspace.file_path}" in bad_src.stderr
     blocker = tmp_path / "file"
     blocker.write_text("")
-    bad_out = subprocess.run(
-        [sys.executable, str(JOB), "--src", str(ROOT), "--out", str(blocker / "sub"),
-         "--python", str(python)], capture_output=True, text=True,
-    )  # fmt: skip
+    bad_out = job(ROOT, blocker / "sub")
     assert bad_out.returncode == 1 and "is not writable" in bad_out.stderr
     assert "CREATE VOLUME" in bad_out.stderr
     shutil.rmtree(tmp_path / "databricks")

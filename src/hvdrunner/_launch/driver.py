@@ -189,28 +189,11 @@ class DriverService:
             with contextlib.suppress(OSError):
                 conn.channel.send("abort", None)
 
-    def stop_ranks(self, timeout: float = ABORT_WAIT_S) -> None:
+    def stop_ranks(self) -> None:
         """Abort, then wait (bounded) until every started rank reported its exit or is gone:
         run() must not return while a rank of its job still runs (SIGTERM, Ctrl-C)."""
         self.abort()
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            now = time.monotonic()
-            with self._lock:
-                running = [c for c in self._conns.values() if c.rank is not None and not c.exited
-                           and not c.lost and now - c.last_seen < SILENT_AT_VERDICT_S]  # fmt: skip
-            if not running:
-                return
-            try:
-                cid, message = self._events.get(timeout=0.1)
-            except queue.Empty:
-                continue
-            with self._lock:
-                conn = self._conns.get(cid)
-            if conn is not None and isinstance(message, protocol.ExitReport):
-                conn.exited = True
-            elif conn is not None and isinstance(message, protocol.Disconnected):
-                conn.lost = True
+        self._drain_exits(None, None)
 
     # -- the verdict ---------------------------------------------------------------------
     def wait(
@@ -346,16 +329,17 @@ class DriverService:
             [(str(c.host), c.rank, c.where(), c.lost) for c in conns if c.rank is not None]
         )
 
-    def _drain_exits(self, job: JobState, emit: Callable[[str], None]) -> None:
-        """After an abort, wait briefly so the other ranks are reaped before we return."""
+    def _drain_exits(self, job: JobState | None, emit: Callable[[str], None] | None) -> None:
+        """After an abort, wait (bounded) until every started rank reported its exit (into
+        ``job``, if given) or is gone, so the ranks are reaped before we return."""
         deadline = time.monotonic() + ABORT_WAIT_S
 
-        def outstanding() -> int:
+        def outstanding() -> bool:
             now = time.monotonic()
             with self._lock:
-                ranked = [c for c in self._conns.values() if c.rank is not None]
-            return sum(1 for c in ranked if c.rank not in job.exits and not c.lost
-                       and now - c.last_seen < SILENT_AT_VERDICT_S)  # fmt: skip
+                return any(c.rank is not None and not c.exited and not c.lost
+                           and now - c.last_seen < SILENT_AT_VERDICT_S
+                           for c in self._conns.values())  # fmt: skip
 
         while outstanding() and time.monotonic() < deadline:
             try:
@@ -365,9 +349,11 @@ class DriverService:
             with self._lock:
                 conn = self._conns.get(cid)
             if isinstance(message, protocol.Output):
-                emit(message.line())
+                if emit is not None:
+                    emit(message.line())
             elif conn is not None and isinstance(message, protocol.ExitReport):
-                job.exits[message.rank] = message
+                if job is not None:
+                    job.exits[message.rank] = message
                 conn.exited = True
             elif (
                 conn is not None
