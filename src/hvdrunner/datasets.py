@@ -70,8 +70,7 @@ def split_and_write(
     """
     if not 0 < test_fraction < 1:
         raise ValueError(f"test_fraction must be between 0 and 1, got {test_fraction!r}")
-    root = _paths.resolve(output_dir)
-    _paths.require_volumes(root.local_path)
+    root = _paths.resolve(output_dir)  # write() refuses a /Volumes path off Databricks
     train, test = df.randomSplit([1 - test_fraction, test_fraction], seed=seed)
     out = {"format": table_format()}
     for name, part in (("train", train), ("test", test)):
