@@ -1,16 +1,18 @@
 # hvdrunner: two user commands, `make demo` and `make test`. Each first brings the stack's
 # venv up to date (a no-op when nothing changed), then runs. See README.md.
 #
-# STACK=modern (default): Python 3.12, TF 2.21 / Keras 3, pyspark 4.0 - the runtimes after
+# STACK=modern (default): Python 3.12, TF 2.21 / Keras 3, pyspark 4.1 - the runtimes after
 #                         DBR 15.4 LTS ML, where Databricks ships no HorovodRunner.
 # STACK=lts:              Python 3.11, TF 2.15 / Keras 2, pyspark 3.5, petastorm (DBR 15.4 LTS ML).
+# STACK=torch:            Python 3.11, torch 2.13 (CPU), pyspark 4.1, no TensorFlow: the PyTorch
+#                         tests (marker `torch`) and `make demo FRAMEWORK=torch`.
 STACK  ?= modern
 VENV   ?= .venv-$(STACK)
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.hvdrunner-env-stamp
 # Anything that changes what gets installed re-runs the (idempotent) setup.
 ENV_INPUTS := scripts/setup_stack.sh scripts/install_horovod.sh \
-              requirements/$(STACK)/tensorflow.txt requirements/$(STACK)/stack.txt \
+              requirements/$(STACK)/framework.txt requirements/$(STACK)/stack.txt \
               requirements/dev.txt $(wildcard patches/*.patch) pyproject.toml
 
 export STACK

@@ -1,13 +1,13 @@
 #!/usr/bin/env bash
-# Build (or reuse) and install horovod 0.28.1 against the TensorFlow already installed in
-# $PYTHON's environment. The one horovod builder of the project: scripts/setup_stack.sh
+# Build (or reuse) and install horovod 0.28.1 against the TensorFlow and/or PyTorch already
+# installed in $PYTHON's environment (each one found gets its extension; at least one). The one horovod builder of the project: scripts/setup_stack.sh
 # calls it for the local stacks, scripts/databricks/build_horovod_wheel.py (the bundle's wheel
 # job) on a Databricks cluster.
 #
 #   PYTHON=/path/to/python  HVDRUNNER_WHEEL_CACHE=/dir  bash scripts/install_horovod.sh
 #
 # Environment:
-#   PYTHON                  interpreter whose environment gets horovod (TF must be there)
+#   PYTHON                  interpreter whose environment gets horovod (TF and/or torch there)
 #   HVDRUNNER_WHEEL_CACHE   where built wheels are kept, one folder per key (default
 #                           ~/.cache/hvdrunner/wheels); a later install with the same key
 #                           takes seconds instead of minutes
@@ -18,7 +18,7 @@
 #                           given a CPU-only build unless `none` says so (with a warning)
 #   --wheel                 always leave the wheel in the cache (build it if missing), even
 #                           when a good horovod is already installed; then install it
-#   --print-key             print the wheel cache key (horovod, TF, Python, CUDA, flags) only
+#   --print-key             print the wheel cache key (horovod, TF, torch, Python, CUDA, flags)
 #
 #   HVDRUNNER_KEEP_INSTALLED_HOROVOD=1
 #                           keep a horovod 0.28.1 that is already installed but lacks the
@@ -26,11 +26,13 @@
 #                           rebuild; hvdrunner then refuses multi-host jobs on hosts whose
 #                           hostname resolves to loopback, before hvd.init()
 #
-# Flags: TensorFlow + gloo, no MPI/MXNet/PyTorch/JAX. Patches (see each file for why):
+# Flags: gloo, TensorFlow and/or PyTorch (whichever is installed), no MPI/MXNet/JAX.
+# Patches (see each file for why):
 #   patches/horovod-0.28.1-gloo-process-set-iface.patch  always (multi-host gloo)
 #   patches/horovod-0.28.1-no-xla-mpi-ops.patch           TensorFlow >= 2.16
+#   patches/horovod-0.28.1-torch-cxx17.patch              torch >= 2.1
 # The wheel cache key carries a digest of the patches applied. The result is checked with
-# horovod's own build facts (TF extension imports, gloo_built(), the patch's marker);
+# horovod's own build facts (each extension imports, gloo_built(), the patches' markers);
 # anything missing fails loudly and the cached wheel is dropped.
 set -euo pipefail
 
@@ -42,6 +44,7 @@ WHEEL_CACHE="${HVDRUNNER_WHEEL_CACHE:-$HOME/.cache/hvdrunner/wheels}"
 GPU_MODE="${HVDRUNNER_HOROVOD_GPU:-none}"
 XLA_PATCH="$ROOT/patches/horovod-$HOROVOD_VERSION-no-xla-mpi-ops.patch"
 IFACE_PATCH="$ROOT/patches/horovod-$HOROVOD_VERSION-gloo-process-set-iface.patch"
+TORCH_PATCH="$ROOT/patches/horovod-$HOROVOD_VERSION-torch-cxx17.patch"
 PIP=("$PY" -m pip --disable-pip-version-check)
 
 say() { printf '==> [horovod %s] %s\n' "$(date +%H:%M:%S)" "$*"; }
@@ -49,37 +52,57 @@ die() { printf 'ERROR: %s\n' "$*" >&2; exit 1; }
 
 horovod_ok() {
   # Ask horovod's own build checks, not the --check-build banner (it claims PyTorch even
-  # when absent). Exit 3: usable, but without the gloo interface patch.
-  "$PY" - <<'PY'
+  # when absent: import the extension itself). Exit 3: usable, but without the gloo
+  # interface patch.
+  HVDRUNNER_EXPECT_TF="$TF_VERSION" HVDRUNNER_EXPECT_TORCH="$TORCH_VERSION" "$PY" - <<'PY'
 import importlib.util, os, sys
 import horovod
 from horovod.common.util import gloo_built, nccl_built
-try:
-    import horovod.tensorflow.mpi_ops  # noqa: F401  (raises when built without TF)
-except Exception as exc:
-    sys.exit(f"horovod {horovod.__version__} has no TensorFlow extension: {exc}")
+have = []
+for name, want, module in (("TensorFlow", "HVDRUNNER_EXPECT_TF", "horovod.tensorflow.mpi_ops"),
+                           ("PyTorch", "HVDRUNNER_EXPECT_TORCH", "horovod.torch.mpi_lib_v2")):
+    if not os.environ.get(want):
+        continue
+    try:
+        __import__(module)  # raises when built without this framework
+    except Exception as exc:
+        sys.exit(f"horovod {horovod.__version__} has no {name} extension: {exc}")
+    have.append(name)
 if not gloo_built():
     sys.exit(f"horovod {horovod.__version__} was built without gloo")
 if os.environ.get("HVDRUNNER_EXPECT_NCCL") == "1" and not nccl_built():
     sys.exit(f"horovod {horovod.__version__} was built without NCCL although a GPU build was asked for")
+facts = " ".join(f"{n} [X]" for n in have) + " gloo [X]"
 if importlib.util.find_spec("horovod._hvdrunner_gloo_iface") is None:
-    print(f"horovod {horovod.__version__}: TensorFlow [X] gloo [X] gloo-iface patch [ ]")
+    print(f"horovod {horovod.__version__}: {facts} gloo-iface patch [ ]")
     sys.exit(3)
-print(f"horovod {horovod.__version__}: TensorFlow [X] gloo [X] gloo-iface patch [X]")
+print(f"horovod {horovod.__version__}: {facts} gloo-iface patch [X]")
 PY
 }
 
-read -r TF_VERSION PYV NEEDS_PATCH < <("$PY" - <<'PY' 2>/dev/null
+read -r TF_VERSION TORCH_VERSION PYV NEEDS_XLA_PATCH NEEDS_TORCH_PATCH < <("$PY" - <<'PY' 2>/dev/null
 import importlib.metadata as m, sys
-try:
-    v = m.version("tensorflow")
-except m.PackageNotFoundError:
-    sys.exit(0)
-major, minor = (int(x) for x in v.split(".")[:2])
-print(v, f"{sys.version_info[0]}{sys.version_info[1]}", int((major, minor) >= (2, 16)))
+def version(name):
+    try:
+        return m.version(name)
+    except m.PackageNotFoundError:
+        return ""
+def at_least(v, floor):
+    return bool(v) and tuple(int(x) for x in v.split("+")[0].split(".")[:2]) >= floor
+tf, torch = version("tensorflow"), version("torch")
+print(tf or "-", torch or "-", f"{sys.version_info[0]}{sys.version_info[1]}",
+      int(at_least(tf, (2, 16))), int(at_least(torch, (2, 1))))
 PY
 ) || true
-[ -n "${TF_VERSION:-}" ] || die "TensorFlow is not installed for $PY: install it first (horovod compiles against it)."
+[ "${TF_VERSION:--}" = "-" ] && TF_VERSION=""
+[ "${TORCH_VERSION:--}" = "-" ] && TORCH_VERSION=""
+[ -n "$TF_VERSION$TORCH_VERSION" ] || die "neither TensorFlow nor PyTorch is installed for $PY: install one first (horovod compiles against it)."
+FW_TAG=""
+[ -z "$TF_VERSION" ] || FW_TAG="tf$TF_VERSION"
+# torch's local version (+cpu, +cu124) says which build it is: keep it in the key.
+[ -z "$TORCH_VERSION" ] || FW_TAG="${FW_TAG:+$FW_TAG-}torch${TORCH_VERSION/+/}"
+FW_NAMES="${TF_VERSION:+TensorFlow}"
+[ -z "$TORCH_VERSION" ] || FW_NAMES="${FW_NAMES:+$FW_NAMES + }PyTorch"
 
 has_gpu() { command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; }
 
@@ -118,11 +141,12 @@ if [ "$GPU_TAG" = "cuda" ]; then
   GPU_TAG="cuda$(nvcc --version | sed -n 's/.*release \([0-9.]*\).*/\1/p')-nccl${nccl_version:-unknown}"
 fi
 PATCHES=("$IFACE_PATCH"); PATCH_TAG=""
-if [ "$NEEDS_PATCH" = "1" ]; then PATCHES+=("$XLA_PATCH"); PATCH_TAG="-noxla"; fi
+if [ "$NEEDS_XLA_PATCH" = "1" ]; then PATCHES+=("$XLA_PATCH"); PATCH_TAG="-noxla"; fi
+if [ "$NEEDS_TORCH_PATCH" = "1" ]; then PATCHES+=("$TORCH_PATCH"); PATCH_TAG="$PATCH_TAG-torchcxx17"; fi
 for p in "${PATCHES[@]}"; do [ -f "$p" ] || die "the horovod patch $p is missing"; done
 # The patches' own bytes are in the key: an edited patch is a different binary.
 PATCH_SUM="$(cat "${PATCHES[@]}" | sha256sum | cut -c1-10)"
-KEY="horovod-$HOROVOD_VERSION-tf$TF_VERSION-py$PYV-$GPU_TAG-gloo-nompi$PATCH_TAG-p$PATCH_SUM-$(uname -m)"
+KEY="horovod-$HOROVOD_VERSION-$FW_TAG-py$PYV-$GPU_TAG-gloo-nompi$PATCH_TAG-p$PATCH_SUM-$(uname -m)"
 DIR="$WHEEL_CACHE/$KEY"
 WANT_WHEEL=0
 case "${1:-}" in
@@ -137,7 +161,7 @@ installed="$("$PY" -c 'import importlib.metadata as m; print(m.version("horovod"
 if [ "$installed" = "$HOROVOD_VERSION" ] && [ "$WANT_WHEEL" = 0 ]; then
   rc=0; horovod_ok >/dev/null 2>&1 || rc=$?
   if [ "$rc" = 0 ]; then
-    say "horovod $HOROVOD_VERSION already installed with TensorFlow, gloo and hvdrunner's patches"
+    say "horovod $HOROVOD_VERSION already installed with $FW_NAMES, gloo and hvdrunner's patches"
     exit 0
   elif [ "$rc" = 3 ] && [ "${HVDRUNNER_KEEP_INSTALLED_HOROVOD:-0}" = 1 ]; then
     say "WARNING: keeping the installed horovod $HOROVOD_VERSION, which lacks $(basename "$IFACE_PATCH"): multi-host jobs need every host's name to resolve to its cluster address (hvdrunner checks before hvd.init())"
@@ -154,9 +178,11 @@ else
   command -v g++ >/dev/null 2>&1 || die "a C++ compiler is needed to build horovod (apt-get install g++)."
   cmake_major="$(cmake --version | sed -n 's/^cmake version \([0-9]*\).*/\1/p')"
   [ "${cmake_major:-3}" -lt 4 ] || die "cmake $(cmake --version | head -1) rejects horovod 0.28.1's CMake files; put cmake 3.x first on PATH (e.g. pip install 'cmake<4')."
-  export HOROVOD_WITH_TENSORFLOW=1 HOROVOD_WITH_GLOO=1 HOROVOD_WITHOUT_MPI=1 \
-         HOROVOD_WITHOUT_MXNET=1 HOROVOD_WITHOUT_PYTORCH=1 HOROVOD_WITHOUT_JAX=1 \
-         MAKEFLAGS="${MAKEFLAGS:--j$(nproc)}"
+  export HOROVOD_WITH_GLOO=1 HOROVOD_WITHOUT_MPI=1 HOROVOD_WITHOUT_MXNET=1 \
+         HOROVOD_WITHOUT_JAX=1 MAKEFLAGS="${MAKEFLAGS:--j$(nproc)}"
+  # WITH_x makes horovod's build fail rather than skip a framework it cannot build.
+  if [ -n "$TF_VERSION" ]; then export HOROVOD_WITH_TENSORFLOW=1; else export HOROVOD_WITHOUT_TENSORFLOW=1; fi
+  if [ -n "$TORCH_VERSION" ]; then export HOROVOD_WITH_PYTORCH=1; else export HOROVOD_WITHOUT_PYTORCH=1; fi
   if [ "$GPU_MODE" = "nccl" ]; then export HOROVOD_GPU_OPERATIONS=NCCL; fi
   tmp="$(mktemp -d)"
   trap 'rm -rf "$tmp"' EXIT
@@ -168,7 +194,7 @@ else
     say "applying $(basename "$p")"
     (cd "$src" && patch -p1 --forward --quiet < "$p") || die "the horovod patch $(basename "$p") did not apply"
   done
-  say "building $KEY (minutes: ~3 on 2 cores for TF 2.15, ~10-15 for TF 2.21); log: $DIR/build.log"
+  say "building $KEY (minutes: ~3 on 2 cores for TF 2.15, ~4 for torch 2.13, ~10-15 for TF 2.21); log: $DIR/build.log"
   # A heartbeat while the compiler runs, so a long build never looks hung.
   ( while sleep 60; do say "... still compiling horovod"; done ) &
   beat=$!

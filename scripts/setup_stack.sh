@@ -1,14 +1,16 @@
 #!/usr/bin/env bash
-# Brings one stack's venv up to its pins:  STACK=modern|lts bash scripts/setup_stack.sh
+# Brings one stack's venv up to its pins:  STACK=modern|lts|torch bash scripts/setup_stack.sh
 # Idempotent: `make` calls it only when a requirements file or a script changed, and each
 # stage below checks before it works.
 #
 #   lts     Python 3.11, TF 2.15 (Keras 2), pyspark 3.5, pyarrow 14, petastorm (DBR 15.4 LTS ML)
-#   modern  Python 3.12, TF 2.21 (Keras 3) + tf_keras, pyspark 4.0, pyarrow 25, no petastorm
+#   modern  Python 3.12, TF 2.21 (Keras 3) + tf_keras, pyspark 4.1, pyarrow < 23, no petastorm
+#   torch   Python 3.11, torch 2.13 (CPU), pyspark 4.1, pyarrow < 23, no TensorFlow
 #
-# Order matters: 1. TensorFlow; 2. horovod from source against it (scripts/install_horovod.sh);
-# 3. Spark, Arrow, MLflow, dev tools and hvdrunner itself (editable). Any missing piece (TF or
-# gloo support in horovod, `pip check`) fails loudly.
+# Order matters: 1. the framework (requirements/<stack>/framework.txt); 2. horovod from source
+# against it (scripts/install_horovod.sh); 3. Spark, Arrow, MLflow, dev tools and hvdrunner
+# itself (editable). Any missing piece (the framework's or gloo support in horovod,
+# `pip check`) fails loudly.
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -16,7 +18,8 @@ STACK="${STACK:-modern}"
 case "$STACK" in
   lts) PYVER=3.11 ;;
   modern) PYVER=3.12 ;;
-  *) printf 'ERROR: STACK must be lts or modern (got %s)\n' "$STACK" >&2; exit 2 ;;
+  torch) PYVER=3.11 ;;  # on 3.11 pip takes torch's CPU wheel from disk; elsewhere a CUDA build
+  *) printf 'ERROR: STACK must be lts, modern or torch (got %s)\n' "$STACK" >&2; exit 2 ;;
 esac
 VENV="${VENV:-$ROOT/.venv-$STACK}"
 REQ="$ROOT/requirements/$STACK"
@@ -49,14 +52,14 @@ PY="$VENV/bin/python"
 PIP=("$PY" -m pip --disable-pip-version-check)
 "${PIP[@]}" install -q --upgrade "pip>=24,<26"
 
-say "stage 1/3: TensorFlow ($REQ/tensorflow.txt)"
-"${PIP[@]}" install -q -r "$REQ/tensorflow.txt"
+say "stage 1/3: the framework ($REQ/framework.txt)"
+"${PIP[@]}" install -q -r "$REQ/framework.txt"
 
-say "stage 2/3: horovod from source (TensorFlow + gloo, no MPI)"
+say "stage 2/3: horovod from source (the framework + gloo, no MPI)"
 PYTHON="$PY" HVDRUNNER_HOROVOD_GPU=none bash "$ROOT/scripts/install_horovod.sh"
 
 say "stage 3/3: Spark, Arrow, MLflow, dev tools, hvdrunner ($REQ/stack.txt)"
-"${PIP[@]}" install -q -r "$REQ/stack.txt" -c "$REQ/tensorflow.txt"
+"${PIP[@]}" install -q -r "$REQ/stack.txt" -c "$REQ/framework.txt"
 "${PIP[@]}" install -q --no-deps -e "$ROOT"
 
 say "pip check"

@@ -19,6 +19,38 @@ os.environ["PYSPARK_DRIVER_PYTHON"] = sys.executable
 WORKER_MODULE = "hvdrunner._launch.worker"
 
 
+def _installed(dist: str) -> bool:
+    import importlib.metadata as md
+
+    try:
+        md.version(dist)
+    except md.PackageNotFoundError:
+        return False
+    return True
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Select by the stack's framework, decided by what is *installed*, never by an import.
+
+    The torch stack (no TensorFlow) runs the tests marked ``torch`` and nothing else; the
+    TensorFlow stacks (no torch) run everything else. A venv with both runs everything. A
+    framework that is installed but broken is selected and so fails - it never skips.
+    """
+    has_tf, has_torch = _installed("tensorflow"), _installed("torch")
+    keep, drop = [], []
+    for item in items:
+        is_torch = item.get_closest_marker("torch") is not None
+        (keep if (has_torch if is_torch else has_tf) else drop).append(item)
+    if drop:
+        config.hook.pytest_deselected(items=drop)
+        items[:] = keep
+
+
+def pytest_report_header(config: pytest.Config) -> str:
+    frameworks = [d for d in ("tensorflow", "torch") if _installed(d)]
+    return f"hvdrunner stack frameworks: {', '.join(frameworks) or 'none'}"
+
+
 @pytest.fixture(scope="session")
 def spark() -> Iterator[object]:
     from hvdrunner.spark import local_session

@@ -12,6 +12,8 @@ from hvdrunner.doctor import evaluate_build, evaluate_stack
 
 GOOD_BUILD = {
     "horovod": "0.28.1",
+    "tensorflow": "2.15.1",
+    "torch": None,
     "tensorflow_ext": True,
     "torch_ext": False,
     "gloo": True,
@@ -84,7 +86,28 @@ def test_keras_mixes_on_modern_fail_with_fix():
 def test_horovod_without_tensorflow_fails_with_fix():
     failed = _failed(evaluate_build(GOOD_BUILD | {"tensorflow_ext": False}))
     assert [c.name for c in failed] == ["horovod built with TensorFlow"]
-    assert "HOROVOD_WITH_TENSORFLOW=1" in failed[0].fix
+    assert "scripts/install_horovod.sh" in failed[0].fix and "patches/" in failed[0].fix
+
+
+GOOD_TORCH_BUILD = GOOD_BUILD | {"tensorflow": None, "tensorflow_ext": False,
+                                 "torch": "2.13.0+cpu", "torch_ext": True}  # fmt: skip
+GOOD_TORCH_STACK = {"tensorflow": None, "torch": "2.13.0+cpu", "numpy": "2.4.6",
+                    "pyarrow": "22.0.0", "pyspark": "4.1.1", "mlflow": "3.8.1"}  # fmt: skip
+
+
+def test_the_torch_stack_needs_the_torch_extension_not_tensorflow():
+    # TensorFlow absent is information on the torch stack; horovod's torch extension is not.
+    assert not _failed(evaluate_build(GOOD_TORCH_BUILD))
+    assert not _failed(evaluate_stack(GOOD_TORCH_STACK, env={}))
+    failed = _failed(evaluate_build(GOOD_TORCH_BUILD | {"torch_ext": False}))
+    assert [c.name for c in failed] == ["horovod built with PyTorch"]
+    assert "torch 2.13.0+cpu" in failed[0].detail and "torch >= 2.1" in failed[0].fix
+    # TF installed beside torch: both extensions are required.
+    both = _failed(evaluate_build(GOOD_TORCH_BUILD | {"tensorflow": "2.21.0"}))
+    assert [c.name for c in both] == ["horovod built with TensorFlow"]
+    # Neither framework: the stack fails naming TensorFlow (and the torch stack).
+    none = _failed(evaluate_stack(GOOD_TORCH_STACK | {"torch": None}, env={}))
+    assert [c.name for c in none] == ["tensorflow"] and "STACK=torch" in none[0].fix
 
 
 def test_horovod_without_gloo_or_missing_fails():

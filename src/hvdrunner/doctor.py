@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import os
 import shutil
+import subprocess
+import sys
 from dataclasses import dataclass
 from typing import Any
 
@@ -44,42 +46,59 @@ def collect_build_info() -> dict[str, Any]:
         return info
     from horovod.common import util
 
+    info["tensorflow"], info["torch"] = _version("tensorflow"), _version("torch")
     info["tensorflow_ext"] = _extension_file("tensorflow", "mpi_lib")
-    info["torch_ext"] = _extension_file("torch", "mpi_lib_v2")
+    # The torch extension is loaded, not just found: a file built against another torch
+    # fails here, and horovod's extension_available('torch') says yes even without one.
+    info["torch_ext"] = _extension_file("torch", "mpi_lib_v2") and (
+        info["torch"] is None or _imports("horovod.torch.mpi_lib_v2")
+    )
     info["gloo"] = bool(util.gloo_built())
     info["mpi"] = bool(util.mpi_built())
     info["nccl"] = bool(util.nccl_built())
     return info
 
 
+def _imports(module: str) -> bool:
+    """Whether ``module`` imports, in a fresh interpreter (a broken extension cannot crash us)."""
+    proc = subprocess.run([sys.executable, "-c", f"import {module}"], capture_output=True,
+                          timeout=180, check=False)  # fmt: skip
+    return proc.returncode == 0
+
+
+def _framework_check(info: dict[str, Any], name: str, dist: str, fix: str) -> Check:
+    """Required where the framework is installed; information where it is not."""
+    built = bool(info.get(f"{dist}_ext"))
+    title = f"horovod built with {name}"
+    if info.get(dist) is None:
+        return Check(title, None, f"{'yes' if built else 'no'} ({dist} not installed)",
+                     required=False)  # fmt: skip
+    detail = f"yes ({dist} {info[dist]})" if built else f"no {name} extension for {dist} {info[dist]}"
+    return Check(title, built, detail, fix)
+
+
 def evaluate_build(info: dict[str, Any]) -> list[Check]:
-    """Turn build facts into checks. Pure: tests feed it fake build info."""
+    """Turn build facts into checks. Pure: tests feed it fake build info.
+
+    Each installed framework (``info["tensorflow"]``, ``info["torch"]``: versions or None)
+    needs its horovod extension; at least one must be installed.
+    """
     fix_build = (
-        "rebuild horovod: PYTHON=$(which python) bash scripts/install_horovod.sh (TensorFlow "
-        "first; HOROVOD_WITH_TENSORFLOW=1 HOROVOD_WITH_GLOO=1 HOROVOD_WITHOUT_MPI=1, and on "
-        "TF >= 2.16 the patch in patches/), or rm -rf .venv-<stack> && make test"
+        "rebuild horovod against the installed frameworks: PYTHON=$(which python) bash "
+        "scripts/install_horovod.sh (it applies the patches in patches/: TF >= 2.16 and "
+        "torch >= 2.1 need them), or rm -rf .venv-<stack> && make test"
     )
     if not info.get("horovod"):
         return [Check("horovod", False, "not installed", fix_build)]
     checks = [
         Check("horovod", True, info["horovod"]),
-        Check(
-            "horovod built with TensorFlow",
-            bool(info.get("tensorflow_ext")),
-            "yes" if info.get("tensorflow_ext") else "no TensorFlow extension",
-            fix_build,
-        ),
+        _framework_check(info, "TensorFlow", "tensorflow", fix_build),
+        _framework_check(info, "PyTorch", "torch", fix_build),
         Check(
             "horovod built with gloo",
             bool(info.get("gloo")),
             "yes" if info.get("gloo") else "no",
             fix_build,
-        ),
-        Check(
-            "horovod built with PyTorch",
-            None,
-            "yes" if info.get("torch_ext") else "no",
-            required=False,
         ),
         Check(
             "horovod built with MPI",
@@ -112,10 +131,15 @@ def evaluate_stack(
     """
     env = dict(os.environ if env is None else env)
     checks: list[Check] = []
-    tf = versions.get("tensorflow")
+    tf, torch = versions.get("tensorflow"), versions.get("torch")
     checks.append(
-        Check("tensorflow", tf is not None, tf or "not installed",
-              "install a supported stack: make env STACK=modern (or STACK=lts)")
+        Check("tensorflow", tf is not None if torch is None else (tf is not None or None),
+              tf or "not installed", "install a supported stack: make env STACK=modern (or "
+              "STACK=lts, or STACK=torch for PyTorch)", required=torch is None)
+    )  # fmt: skip
+    checks.append(
+        Check("torch", True if torch else None, torch or "not installed (optional: "
+              "hvdrunner.torch and horovod.torch need it)", required=False)
     )  # fmt: skip
     modern = tf is not None and _mm(tf) >= (2, 16)
     legacy = env.get("TF_USE_LEGACY_KERAS", "").strip().lower() in ("1", "true", "yes")
@@ -160,7 +184,7 @@ def evaluate_stack(
             "pyarrow >= 16 and fails on 15: 'validate_schema'; hvdrunner.data does not need it)"))  # fmt: skip
     spark = versions.get("pyspark")
     checks.append(Check("pyspark", spark is not None, spark or "not installed",
-                        "pip install pyspark (3.5 with lts, 4.0 with modern)"))  # fmt: skip
+                        "pip install pyspark (3.5 with lts, 4.1 with modern and torch)"))  # fmt: skip
     mlflow = versions.get("mlflow")
     checks.append(
         Check("mlflow", mlflow is not None, mlflow or "not installed", "pip install mlflow==3.17.2")
@@ -230,6 +254,7 @@ def run_doctor(master: str | None = None, quiet: bool = False) -> int:
         d: _version(d)
         for d in (
             "tensorflow",
+            "torch",
             "keras",
             "tf_keras",
             "numpy",

@@ -18,7 +18,7 @@ from __future__ import annotations
 import contextlib
 import os
 import tempfile
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 from hvdrunner import _versions
@@ -310,6 +310,25 @@ def _save_kwargs(keras_mode: str) -> dict[str, Any]:
     return {"include_optimizer": False}
 
 
+def _log_saved(
+    save: Callable[[str], None], artifact_path: str, registered_name: str | None
+) -> str | None:
+    """``save(dir)`` writes an MLflow model; it goes into the job's run (rank 0); its URI."""
+    client = _client()
+    if client is None:
+        return None
+    with tempfile.TemporaryDirectory() as tmp:
+        path = os.path.join(tmp, artifact_path)
+        save(path)
+        client.log_artifacts(run_id(), path, artifact_path=artifact_path)
+    uri = f"runs:/{run_id()}/{artifact_path}"
+    if registered_name:
+        import mlflow
+
+        mlflow.register_model(uri, registered_name)
+    return uri
+
+
 def log_model(
     model: Any, input_example: Any, artifact_path: str = "model", registered_name: str | None = None
 ) -> str | None:
@@ -319,24 +338,50 @@ def log_model(
     The model loads with ``mlflow.pyfunc.load_model`` / ``mlflow.pyfunc.spark_udf``.
     ``registered_name`` also registers it (a three-level Unity Catalog name on Databricks).
     """
-    client = _client()
-    if client is None:
+    if _client() is None:
         return None
-    import mlflow
-    from mlflow.models import infer_signature
 
-    signature = infer_signature(input_example, model.predict(input_example, verbose=0))
-    with tempfile.TemporaryDirectory() as tmp:
-        path = os.path.join(tmp, artifact_path)
+    def save(path: str) -> None:
+        import mlflow
+        from mlflow.models import infer_signature
+
+        signature = infer_signature(input_example, model.predict(input_example, verbose=0))
         mlflow.tensorflow.save_model(
-            model,
-            path,
-            signature=signature,
-            input_example=input_example,
+            model, path, signature=signature, input_example=input_example,
             keras_model_kwargs=_save_kwargs(_versions.mode()),
-        )
-        client.log_artifacts(run_id(), path, artifact_path=artifact_path)
-    uri = f"runs:/{run_id()}/{artifact_path}"
-    if registered_name:
-        mlflow.register_model(uri, registered_name)
-    return uri
+        )  # fmt: skip
+
+    return _log_saved(save, artifact_path, registered_name)
+
+
+def log_pytorch_model(
+    model: Any, input_example: Any, artifact_path: str = "model", registered_name: str | None = None
+) -> str | None:
+    """Log a torch ``nn.Module`` with ``mlflow.pytorch`` and a signature; rank 0 only.
+
+    ``input_example``: a numpy array (or dict of arrays) of a few input rows. The model is
+    saved from a CPU copy in eval mode, so it loads (``mlflow.pyfunc.load_model``,
+    ``spark_udf``) on machines without a GPU, horovod or hvdrunner.
+    """
+    if _client() is None:
+        return None
+
+    def save(path: str) -> None:
+        import copy
+
+        import mlflow.pytorch
+        import torch
+        from mlflow.models import infer_signature
+
+        cpu = copy.deepcopy(model).to("cpu").eval()
+        with torch.no_grad():
+            inputs = (
+                {k: torch.as_tensor(v) for k, v in input_example.items()}
+                if isinstance(input_example, dict)
+                else torch.as_tensor(input_example)
+            )
+            output = cpu(**inputs) if isinstance(inputs, dict) else cpu(inputs)
+        signature = infer_signature(input_example, output.numpy())
+        mlflow.pytorch.save_model(cpu, path, signature=signature, input_example=input_example)
+
+    return _log_saved(save, artifact_path, registered_name)

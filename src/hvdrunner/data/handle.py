@@ -188,7 +188,7 @@ class PreparedData:
 
         epochs = tf.data.Dataset.range(first_epoch, 2**62)
         return epochs.flat_map(epoch_batches).map(
-            lambda ix: self._structure({k: tf.gather(t, ix) for k, t in tensors.items()})
+            lambda ix: self.structure({k: tf.gather(t, ix) for k, t in tensors.items()})
         )
 
     def _stream_dataset(
@@ -232,7 +232,7 @@ class PreparedData:
                 t.set_shape((None, *c.shape))
                 # The shuffle, in TensorFlow's threads (measured faster than np.take here).
                 cols[c.name] = tf.gather(t, order) if shuffle else t
-            return self._structure(cols)
+            return self.structure(cols)
 
         per_pass = len(pieces) + (1 if need else 0)
         jobs = tf.data.Dataset.range(first_epoch, 2**62).flat_map(
@@ -252,7 +252,7 @@ class PreparedData:
                 self.local_path, pieces, self.columns, batch_size, shuffle, seed, shard,
                 first_epoch,
             ):  # fmt: skip
-                yield self._structure(transform(batch))
+                yield self.structure(transform(batch))
 
         sample = next(gen())
         signature = tf.nest.map_structure(
@@ -274,7 +274,9 @@ class PreparedData:
                 f"with prepare(..., shared=True)); if it was deleted, run prepare() again."
             )
 
-    def _structure(self, batch: dict[str, Any]) -> Any:
+    def structure(self, batch: dict[str, Any]) -> Any:
+        """A ``{column: array}`` batch as the model is fed: ``x`` or ``(x, label)``, where
+        ``x`` is the one feature column's array or a dict of the feature columns."""
         x = batch[self.features[0]] if self.single_feature else {f: batch[f] for f in self.features}
         return x if self.label is None else (x, batch[self.label])
 

@@ -7,9 +7,6 @@ is generated from them); the work is a few named steps, each a function below.
 from __future__ import annotations
 
 import contextlib
-import dataclasses
-import inspect
-import os
 from collections.abc import Callable
 from typing import Any
 
@@ -17,6 +14,7 @@ from hvdrunner import tracking
 from hvdrunner._logging import get_logger
 from hvdrunner.core import schedule
 from hvdrunner.core.checkpoint import check_dir
+from hvdrunner.core.settings import fit_signature, horovod_env
 from hvdrunner.distributed import is_rank0
 from hvdrunner.keras import callbacks as hk_callbacks
 from hvdrunner.keras import compat
@@ -115,28 +113,7 @@ def fit(
     )  # fmt: skip
 
 
-def _signature() -> inspect.Signature:
-    """fit's inputs, then one keyword per FitConfig field: help() and IDEs show them all."""
-
-    def default(f: dataclasses.Field[Any]) -> Any:
-        if f.default is not dataclasses.MISSING:
-            return f.default
-        if f.default_factory is not dataclasses.MISSING:
-            return f.default_factory()
-        return inspect.Parameter.empty
-
-    own = inspect.signature(fit)
-    inputs = [p for p in own.parameters.values() if p.kind != p.VAR_KEYWORD]
-    settings = [
-        inspect.Parameter(
-            f.name, inspect.Parameter.KEYWORD_ONLY, default=default(f), annotation=f.type
-        )
-        for f in dataclasses.fields(FitConfig)
-    ]
-    return own.replace(parameters=[*inputs, *settings])
-
-
-fit.__signature__ = _signature()  # type: ignore[attr-defined]
+fit.__signature__ = fit_signature(fit, FitConfig)  # type: ignore[attr-defined]
 
 
 def _init_horovod(cfg: FitConfig) -> Any:
@@ -144,7 +121,7 @@ def _init_horovod(cfg: FitConfig) -> Any:
     import horovod.tensorflow as hvd
     import tensorflow as tf
 
-    _horovod_env(hvd, cfg)
+    horovod_env(cfg, hvd.is_initialized())
     hvd.init()
     gpus = tf.config.list_physical_devices("GPU")
     for gpu in gpus:
@@ -153,22 +130,6 @@ def _init_horovod(cfg: FitConfig) -> Any:
         tf.config.set_visible_devices(gpus[hvd.local_rank() % len(gpus)], "GPU")
     compat.tf_keras().utils.set_random_seed(cfg.seed)
     return hvd
-
-
-def _horovod_env(hvd: Any, cfg: FitConfig) -> None:
-    """Fusion/cycle settings are read by ``hvd.init()``: set them first, or refuse."""
-    env = {}
-    if cfg.fusion_threshold_mb is not None:
-        env["HOROVOD_FUSION_THRESHOLD"] = str(int(cfg.fusion_threshold_mb * 1024 * 1024))
-    if cfg.cycle_time_ms is not None:
-        env["HOROVOD_CYCLE_TIME"] = str(cfg.cycle_time_ms)
-    if env and hvd.is_initialized():
-        raise RuntimeError(
-            "fusion_threshold_mb/cycle_time_ms are read by hvd.init(), which already ran in "
-            "this rank: do not call hvd.init() before fit, or set "
-            f"{', '.join(env)} in the environment instead"
-        )
-    os.environ.update(env)
 
 
 def _make_optimizer(spec: str | Callable[[float], Any], lr: float) -> Any:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from hvdrunner.core.settings import check_passes
 from hvdrunner.keras import compat
 
 _MARK = "_hvdrunner_distributed"
@@ -228,12 +229,3 @@ def _register_local_var(self: Any, var: Any) -> None:
     """Horovod's ``register_local_var``: this variable's gradient is not averaged over ranks
     (each rank applies its own), e.g. a per-rank embedding or a local head."""
     self.__dict__.setdefault("_hvdrunner_local", set()).add(variable_key(var))
-
-
-def check_passes(value: Any) -> None:
-    """``backward_passes_per_step`` must be a positive int (1 = exchange every batch)."""
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ValueError(
-            f"backward_passes_per_step must be an int >= 1 (1 = exchange every batch; N = "
-            f"accumulate N batches locally, then exchange once), got {value!r}"
-        )

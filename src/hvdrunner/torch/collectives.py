@@ -1,0 +1,110 @@
+"""The Horovod steps of a PyTorch rank, each one call: init and device, broadcast, averaging.
+
+Over ``horovod.torch`` (which hvdrunner builds for torch >= 2.1, see
+``patches/horovod-0.28.1-torch-cxx17.patch``). The sync verdict and the learning-rate math
+are framework-neutral (:mod:`hvdrunner.core`).
+
+Example (inside a training function run by HorovodRunner):
+    >>> device = init(seed=0)                                       # doctest: +SKIP
+    >>> model = build().to(device)
+    >>> opt = distributed_optimizer(torch.optim.SGD(model.parameters(), lr), model)
+    >>> broadcast_state(model, opt)
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+import torch
+
+from hvdrunner.core.sync import check_fingerprints, weight_fingerprint
+
+SYNC_FIX = (
+    "Wrap the optimizer with hvd.DistributedOptimizer(opt, "
+    "named_parameters=model.named_parameters()) (or hvdrunner.torch.distributed_optimizer) "
+    "and broadcast the initial state (hvdrunner.torch.broadcast_state)."
+)
+
+
+def _hvd() -> Any:
+    import horovod.torch as hvd
+
+    return hvd
+
+
+def init(seed: int = 0, num_threads: int | None = None) -> torch.device:
+    """``hvd.init()``; this rank's device (its own GPU, or the CPU); seeds; CPU threads.
+
+    On CPU hosts the cores are shared out between the host's ranks (``num_threads=None``),
+    so two ranks do not fight over every core.
+    """
+    hvd = _hvd()
+    hvd.init()
+    torch.manual_seed(seed)
+    np.random.seed(seed)
+    if torch.cuda.is_available():
+        torch.cuda.set_device(hvd.local_rank() % torch.cuda.device_count())
+        return torch.device("cuda", torch.cuda.current_device())
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    torch.set_num_threads(num_threads or max(1, (cores or 1) // hvd.local_size()))
+    return torch.device("cpu")
+
+
+def distributed_optimizer(
+    optimizer: torch.optim.Optimizer,
+    model: torch.nn.Module,
+    *,
+    compression: str = "none",
+    backward_passes_per_step: int = 1,
+) -> Any:
+    """``optimizer`` averaging gradients over ranks (``horovod.torch.DistributedOptimizer``).
+
+    ``compression="fp16"`` sends gradients as float16; ``backward_passes_per_step=N``
+    exchanges once per N ``backward()`` calls (call ``step()`` after every N-th).
+    """
+    hvd = _hvd()
+    codec = {"none": hvd.Compression.none, "fp16": hvd.Compression.fp16}[compression]
+    return hvd.DistributedOptimizer(
+        optimizer, named_parameters=model.named_parameters(), compression=codec,
+        backward_passes_per_step=backward_passes_per_step, op=hvd.Average,
+    )  # fmt: skip
+
+
+def broadcast_state(model: torch.nn.Module, optimizer: Any = None, root_rank: int = 0) -> None:
+    """Every rank takes ``root_rank``'s parameters, buffers and optimizer state."""
+    hvd = _hvd()
+    hvd.broadcast_parameters(model.state_dict(), root_rank=root_rank)
+    if optimizer is not None:
+        hvd.broadcast_optimizer_state(optimizer, root_rank=root_rank)
+
+
+def average_metrics(metrics: Mapping[str, float]) -> dict[str, float]:
+    """Average scalar metrics over all ranks in one allreduce (a collective: every rank calls).
+
+    Keys are reduced in sorted order, identical on every rank.
+    """
+    hvd = _hvd()
+    keys = sorted(metrics)
+    if not keys or hvd.size() == 1:
+        return {k: float(metrics[k]) for k in keys}
+    values = torch.tensor([float(metrics[k]) for k in keys], dtype=torch.float64)
+    averaged = hvd.allreduce(values, op=hvd.Average, name="hvdrunner.metric_average")
+    return dict(zip(keys, (float(v) for v in averaged.tolist()), strict=True))
+
+
+def check_in_sync(model: torch.nn.Module, rtol: float = 1e-6) -> None:
+    """Raise :class:`~hvdrunner.errors.RanksOutOfSyncError` unless every rank holds rank 0's
+    weights (one small allgather of per-tensor fingerprints)."""
+    hvd = _hvd()
+    if hvd.size() == 1:
+        return
+    tensors = [t.detach().to("cpu", torch.float64).numpy() for t in model.state_dict().values()
+               if t.is_floating_point()]  # fmt: skip
+    everyone = hvd.allgather_object(weight_fingerprint(tensors), name="hvdrunner.weight_sync")
+    check_fingerprints(everyone, SYNC_FIX, rtol)
+
+
+__all__ = ["average_metrics", "broadcast_state", "check_in_sync", "distributed_optimizer", "init"]

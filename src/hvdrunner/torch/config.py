@@ -1,0 +1,83 @@
+"""The settings of :func:`hvdrunner.torch.fit`: one frozen :class:`FitConfig`, one validator.
+
+The framework-neutral fields (epochs, batch size, learning-rate rules, checkpoints, the
+gradient-exchange knobs) and their checks are :class:`hvdrunner.core.settings.TrainingSettings`,
+shared with ``hvdrunner.keras``; this module adds the PyTorch ones. Nothing here imports torch,
+so the driver validates a job without it.
+
+Example:
+    >>> cfg = make_config(None, {"epochs": 2, "batch_size": 32, "loss": "cross_entropy"})
+    >>> cfg.optimizer, cfg.learning_rate
+    ('adam', 0.001)
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from hvdrunner.core import settings as core_settings
+from hvdrunner.core.settings import FitResult, TrainingSettings
+
+#: Loss names fit understands (or pass a callable ``(output, target) -> scalar tensor``).
+LOSSES = ("cross_entropy", "mse", "l1", "bce_with_logits")
+#: Metric names fit understands (or pass a callable ``(output, target) -> scalar tensor``).
+METRICS = ("accuracy",)
+OPTIMIZERS = ("adam", "sgd", "adamw", "rmsprop")
+#: fit's arguments that are inputs, not settings.
+INPUTS = ("build_model", "data", "validation")
+
+__all__ = ["INPUTS", "LOSSES", "METRICS", "OPTIMIZERS", "FitConfig", "FitResult", "make_config"]
+
+
+def _named(kind: str, value: Any, names: tuple[str, ...], example: str) -> None:
+    if callable(value):
+        return
+    if not isinstance(value, str) or value.lower() not in names:
+        raise ValueError(
+            f"{kind}={value!r} is not one of {names}; pass one of those or a callable, "
+            f"e.g. {example}"
+        )
+
+
+@dataclass(frozen=True, kw_only=True)
+class FitConfig(TrainingSettings):
+    """Validated settings of :func:`hvdrunner.torch.fit` (checked first thing on every rank)."""
+
+    loss: str | Callable[[Any, Any], Any]
+    optimizer: str | Callable[[Any, float], Any] = "adam"
+    metrics: tuple[str | Callable[[Any, Any], Any], ...] = ()
+    verbose: int = 1  # 1: one line per epoch from rank 0; 0: silent
+    num_threads: int | None = None  # torch CPU threads per rank; None: cores / ranks per host
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        _named("loss", self.loss, LOSSES, "loss=torch.nn.CrossEntropyLoss()")
+        _named("optimizer", self.optimizer, OPTIMIZERS,
+               "optimizer=lambda params, lr: torch.optim.SGD(params, lr, momentum=0.9)")  # fmt: skip
+        for m in self.metrics:
+            _named("metrics item", m, METRICS, "metrics=[my_metric] (output, target) -> tensor")
+        if self.verbose not in (0, 1, 2):
+            raise ValueError(f"verbose must be 0 (silent), 1 or 2, got {self.verbose!r}")
+        if self.num_threads is not None and (
+            isinstance(self.num_threads, bool)
+            or not isinstance(self.num_threads, int)
+            or self.num_threads < 1
+        ):
+            raise ValueError(
+                f"num_threads must be None (cores / ranks on the host) or an int >= 1, got "
+                f"{self.num_threads!r}"
+            )
+
+
+def make_config(config: FitConfig | None, settings: Mapping[str, Any]) -> FitConfig:
+    """``config`` (or the defaults) with ``settings`` applied, validated; the one entry.
+
+    Raises:
+        TypeError: an unknown setting, or a required one (epochs, batch_size, loss) missing.
+        ValueError: a setting out of range (from :class:`FitConfig`).
+    """
+    return core_settings.make_config(
+        FitConfig, config, settings, "hvdrunner.torch.fit", tuples=("metrics",)
+    )

@@ -1,0 +1,169 @@
+"""The epoch loop of :func:`hvdrunner.torch.fit`: train, validate, average, check, save, log.
+
+Every rank runs the same number of steps (the data feed guarantees it) and the same
+collectives in the same order: gradient allreduces inside ``optimizer.step()``, one metric
+allreduce per epoch, one weight-sync allgather after the first epoch. Only rank 0 prints,
+checkpoints and writes to MLflow.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from hvdrunner import tracking
+from hvdrunner._logging import get_logger
+from hvdrunner.core import schedule
+from hvdrunner.distributed import is_rank0, size
+from hvdrunner.torch import collectives
+from hvdrunner.torch.config import FitConfig
+from hvdrunner.torch.inputs import batches
+
+Fn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+
+
+def _cross_entropy(out: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    return F.cross_entropy(out, y.long())
+
+
+def _as_output(out: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    return y.to(out.dtype).reshape(out.shape)
+
+
+LOSSES: dict[str, Fn] = {
+    "cross_entropy": _cross_entropy,
+    "mse": lambda out, y: F.mse_loss(out, _as_output(out, y)),
+    "l1": lambda out, y: F.l1_loss(out, _as_output(out, y)),
+    "bce_with_logits": lambda out, y: F.binary_cross_entropy_with_logits(out, _as_output(out, y)),
+}
+
+
+def accuracy(out: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    """Share of rows whose arg-max class (or logit > 0 for one output) equals the label."""
+    pred = out.argmax(dim=1) if out.ndim > 1 and out.shape[1] > 1 else (out.reshape(-1) > 0)
+    return (pred.long() == y.reshape(-1).long()).to(torch.float64).mean()
+
+
+def resolve(spec: str | Fn, table: dict[str, Fn]) -> tuple[str, Fn]:
+    """A loss/metric setting as ``(name, function)``."""
+    if isinstance(spec, str):
+        return spec.lower(), table[spec.lower()]
+    return getattr(spec, "__name__", type(spec).__name__).lower(), spec
+
+
+def _forward(model: torch.nn.Module, x: Any) -> torch.Tensor:
+    return model(**x) if isinstance(x, dict) else model(x)  # type: ignore[no-any-return]
+
+
+class Trainer:
+    """One rank's training of ``model`` under ``optimizer`` (already distributed)."""
+
+    def __init__(
+        self, model: torch.nn.Module, optimizer: Any, cfg: FitConfig, lr: float,
+        device: torch.device, steps: int, store: Any,
+    ) -> None:  # fmt: skip
+        self.model, self.opt, self.cfg, self.lr = model, optimizer, cfg, lr
+        self.device, self.steps, self.store = device, steps, store
+        self.loss = resolve(cfg.loss, LOSSES)[1]
+        self.metrics = [resolve(m, {"accuracy": accuracy}) for m in cfg.metrics]
+        for group in optimizer.param_groups:  # the scaled rate each group warms up to
+            group.setdefault("hvdrunner_lr", group["lr"])
+
+    def run(self, data: Any, validation: Any, initial_epoch: int) -> tuple[dict[str, list[float]], Any]:
+        """Epochs ``initial_epoch..epochs-1``; the averaged history and a few input rows."""
+        cfg = self.cfg
+        feed = batches(data, cfg.batch_size, shuffle=cfg.shuffle, seed=cfg.seed,
+                       first_epoch=initial_epoch, device=self.device)  # fmt: skip
+        val = self._validation_feed(validation)
+        history: dict[str, list[float]] = {}
+        example = None
+        for epoch in range(initial_epoch, cfg.epochs):
+            start = time.monotonic()
+            logs, first = self._train_epoch(feed, epoch)
+            example = example if example is not None else first
+            if val is not None:
+                logs |= {f"val_{k}": v for k, v in self._evaluate(*val).items()}
+            logs = collectives.average_metrics(logs)
+            if epoch == initial_epoch:  # the first synchronized epoch of this run
+                collectives.check_in_sync(self.model)
+            self._epoch_end(epoch, logs, time.monotonic() - start)
+            for k, v in logs.items():
+                history.setdefault(k, []).append(v)
+        return history, example
+
+    def _validation_feed(self, validation: Any) -> tuple[Iterator[Any], int] | None:
+        if validation is None:
+            return None
+        vb = min(self.cfg.batch_size, validation.rows_per_rank())
+        feed = batches(validation, vb, shuffle=False, device=self.device)
+        return feed, validation.steps_per_epoch(vb)
+
+    def _set_lr(self, epoch: float) -> None:
+        factor = schedule.warmup_multiplier(epoch, size(), self.cfg.warmup_epochs)
+        for group in self.opt.param_groups:
+            group["lr"] = group["hvdrunner_lr"] * factor
+
+    def _train_epoch(self, feed: Iterator[Any], epoch: int) -> tuple[dict[str, float], Any]:
+        """``steps`` batches; local means of loss and metrics; the first batch's inputs."""
+        self.model.train()
+        n = self.cfg.backward_passes_per_step
+        sums = torch.zeros(1 + len(self.metrics), dtype=torch.float64, device=self.device)
+        first = None
+        for step in range(self.steps):
+            x, y = next(feed)
+            if first is None:
+                first = _example(x)
+            self._set_lr(epoch + step / self.steps)
+            out = _forward(self.model, x)
+            loss = self.loss(out, y)
+            (loss / n).backward()  # N passes' gradients add up: /N makes them an average
+            if (step + 1) % n == 0 or step + 1 == self.steps:
+                self.opt.step()
+                self.opt.zero_grad()
+            sums += self._values(loss, out, y)
+        return self._means(sums, self.steps), first
+
+    @torch.no_grad()
+    def _evaluate(self, feed: Iterator[Any], steps: int) -> dict[str, float]:
+        self.model.eval()
+        sums = torch.zeros(1 + len(self.metrics), dtype=torch.float64, device=self.device)
+        for _ in range(steps):
+            x, y = next(feed)
+            out = _forward(self.model, x)
+            sums += self._values(self.loss(out, y), out, y)
+        return self._means(sums, steps)
+
+    def _values(self, loss: torch.Tensor, out: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        # On the device, no .item() per step: one host sync per epoch, not per batch.
+        with torch.no_grad():
+            parts = [loss.detach()] + [fn(out, y).detach() for _, fn in self.metrics]
+            return torch.stack([p.to(torch.float64).reshape(()) for p in parts])
+
+    def _means(self, sums: torch.Tensor, steps: int) -> dict[str, float]:
+        names = ["loss"] + [name for name, _ in self.metrics]
+        return dict(zip(names, (sums / steps).tolist(), strict=True))
+
+    def _epoch_end(self, epoch: int, logs: dict[str, float], seconds: float) -> None:
+        """Rank 0: the progress line, the metrics into MLflow, the checkpoint."""
+        done = epoch + 1
+        if not is_rank0():
+            return
+        if self.cfg.verbose:
+            shown = " - ".join(f"{k} {v:.4f}" for k, v in logs.items())
+            get_logger().info(f"epoch {done}/{self.cfg.epochs} - {shown} ({seconds:.1f} s)")
+        tracking.log_metrics(logs, step=epoch)
+        every = self.cfg.checkpoint_every
+        if self.store is not None and (done % every == 0 or done == self.cfg.epochs):
+            self.store.save(self.model, self.opt, done)
+
+
+def _example(x: Any) -> Any:
+    """A few input rows as numpy, for the logged model's signature."""
+    if isinstance(x, dict):
+        return {k: v[:5].detach().cpu().numpy() for k, v in x.items()}
+    return np.asarray(x[:5].detach().cpu().numpy())

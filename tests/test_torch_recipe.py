@@ -1,0 +1,159 @@
+"""Unchanged ``horovod.torch`` code under HorovodRunner (Spark barrier tasks and driver
+processes), its faults, and the torch stack's build facts: real ranks over gloo, the horovod
+hvdrunner builds for torch >= 2.1 (patches/horovod-0.28.1-torch-cxx17.patch). No GPU here:
+device pinning runs its CPU branch."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from hvdrunner import HorovodRunner, HorovodRunnerError
+
+pytestmark = pytest.mark.torch
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def standard_recipe(
+    ckpt: str, batch: int, rows: np.ndarray, targets: np.ndarray, epochs: int, base_lr: float = 0.01
+):
+    """The horovod.torch recipe from Horovod's docs, as a user brings it: nothing hvdrunner."""
+    import horovod.torch as hvd
+    import torch
+
+    hvd.init()
+    torch.set_num_threads(1)
+    torch.manual_seed(100 + hvd.rank())  # different initial weights: the broadcast must fix it
+    x, y = torch.tensor(rows), torch.tensor(targets)
+    dataset = torch.utils.data.TensorDataset(x, y)
+    sampler = torch.utils.data.distributed.DistributedSampler(
+        dataset, num_replicas=hvd.size(), rank=hvd.rank(), shuffle=False)  # fmt: skip
+    loader = torch.utils.data.DataLoader(dataset, batch_size=batch, sampler=sampler)
+    model = torch.nn.Linear(4, 1)
+    optimizer = torch.optim.SGD(model.parameters(), lr=base_lr * hvd.size())
+    optimizer = hvd.DistributedOptimizer(optimizer, named_parameters=model.named_parameters())
+    hvd.broadcast_parameters(model.state_dict(), root_rank=0)
+    hvd.broadcast_optimizer_state(optimizer, root_rank=0)
+    initial = [p.detach().clone().numpy().tolist() for p in model.parameters()]
+    for _ in range(epochs):
+        for xb, yb in loader:
+            optimizer.zero_grad()
+            torch.nn.functional.mse_loss(model(xb), yb.reshape(-1, 1)).backward()
+            optimizer.step()
+    if hvd.rank() == 0:
+        torch.save(model.state_dict(), ckpt)
+    final = [p.detach().numpy().tolist() for p in model.parameters()]
+    return {"initial": initial, "every_rank": hvd.allgather_object(final)}
+
+
+def linear_data(n: int = 128, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
+    rng = np.random.default_rng(seed)
+    x = rng.normal(size=(n, 4)).astype("float32")
+    return x, (x @ np.array([1.0, -2.0, 0.5, 3.0]) + 0.1).astype("float32")
+
+
+@pytest.mark.timeout(180)
+@pytest.mark.parametrize("np_", [2, -2], ids=["spark-barrier", "driver-processes"])
+def test_the_standard_recipe_runs_unchanged_and_keeps_ranks_identical(spark, tmp_path, np_):
+    import torch
+
+    x, y = linear_data()
+    ckpt = str(tmp_path / "model.pt")
+    out = HorovodRunner(np=np_).run(standard_recipe, ckpt=ckpt, batch=16, rows=x, targets=y,
+                                    epochs=2)  # fmt: skip
+    rank0, rank1 = out["every_rank"]
+    for a, b in zip(rank0, rank1, strict=True):
+        np.testing.assert_array_equal(np.array(a), np.array(b))  # bit-identical on both ranks
+    assert not np.allclose(np.array(rank0[0]), np.array(out["initial"][0]), atol=1e-3)
+    saved = torch.load(ckpt)  # rank 0's checkpoint holds those weights
+    np.testing.assert_array_equal(saved["weight"].numpy(), np.array(rank0[0]))
+
+
+@pytest.mark.timeout(240)
+def test_the_recipe_on_two_ranks_of_batch_b_equals_one_rank_of_batch_2b(tmp_path):
+    # DistributedSampler(shuffle=False) gives rank r rows r, r+2, r+4, ...: the 2b rows of
+    # step k on two ranks are rows [2bk, 2b(k+1)) - one rank's step k with batch 2b.
+    x, y = linear_data()
+    two = HorovodRunner(np=-2).run(standard_recipe, ckpt=str(tmp_path / "a.pt"), batch=16,
+                                   rows=x, targets=y, epochs=2)  # fmt: skip
+    one = HorovodRunner(np=-1).run(standard_recipe, ckpt=str(tmp_path / "b.pt"), batch=32,
+                                   rows=x, targets=y, epochs=2, base_lr=0.02)  # fmt: skip
+    # Same initial weights (rank 0's seed) and lr 0.02 in both (0.01 x 2 ranks; 0.02 x 1).
+    np.testing.assert_array_equal(np.array(two["initial"][0]), np.array(one["initial"][0]))
+    for a, b in zip(two["every_rank"][0], one["every_rank"][0], strict=True):
+        np.testing.assert_allclose(np.array(a), np.array(b), atol=1e-5, rtol=0)
+
+
+def raise_in_backward_on_rank1() -> None:
+    import horovod.torch as hvd
+    import torch
+
+    class Boom(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, x):
+            return x.clone()
+
+        @staticmethod
+        def backward(ctx, grad):
+            raise FloatingPointError("gradient exploded on rank 1")
+
+    hvd.init()
+    model = torch.nn.Linear(4, 1)
+    opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1),
+                                   named_parameters=model.named_parameters())  # fmt: skip
+    for _ in range(10_000):  # rank 0 waits in allreduce for rank 1's gradients: forever
+        opt.zero_grad()
+        out = model(torch.ones(2, 4))
+        if hvd.rank() == 1:
+            out = Boom.apply(out)
+        out.sum().backward()
+        opt.step()
+
+
+@pytest.mark.timeout(120)
+def test_a_rank_raising_in_backward_ends_the_job_fast_naming_it(spark):
+    start = time.monotonic()
+    with pytest.raises(HorovodRunnerError) as info:
+        HorovodRunner(np=2).run(raise_in_backward_on_rank1)
+    elapsed = time.monotonic() - start
+    err = info.value
+    assert err.rank == 1 and err.exc_type == "FloatingPointError"
+    assert str(err).startswith("Rank 1 failed with FloatingPointError: gradient exploded on rank 1")
+    assert "backward" in err.remote_traceback
+    assert elapsed < 60, f"the job took {elapsed:.0f} s to fail"  # rank 0 was stuck in allreduce
+
+
+def test_doctor_reports_torch_and_horovods_torch_extension():
+    proc = subprocess.run([sys.executable, "-m", "hvdrunner", "doctor"], capture_output=True,
+                          text=True, timeout=300)  # fmt: skip
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    import torch
+
+    assert f"[x] horovod built with PyTorch: yes (torch {torch.__version__})" in proc.stdout
+    assert "[-] horovod built with TensorFlow: no (tensorflow not installed)" in proc.stdout
+    assert f"[x] torch: {torch.__version__}" in proc.stdout
+
+
+def test_the_builder_keys_and_checks_the_torch_build(tmp_path):
+    import torch
+
+    env = {**os.environ, "PYTHON": sys.executable, "HVDRUNNER_WHEEL_CACHE": str(tmp_path)}
+    builder = ROOT / "scripts" / "install_horovod.sh"
+    key = subprocess.run(["bash", str(builder), "--print-key"], capture_output=True, text=True,
+                         env=env, timeout=120, check=True).stdout.strip()  # fmt: skip
+    py = f"py{sys.version_info[0]}{sys.version_info[1]}"
+    assert key.startswith(f"horovod-0.28.1-torch{torch.__version__.replace('+', '')}-{py}-cpu-")
+    assert "-torchcxx17-" in key and "-tf" not in key  # the torch patch is in the key
+    check = subprocess.run(["bash", str(builder)], capture_output=True, text=True, env=env,
+                           timeout=300)  # fmt: skip
+    assert check.returncode == 0, check.stdout + check.stderr
+    assert "already installed with PyTorch, gloo and hvdrunner's patches" in check.stdout
+    import importlib.util
+
+    assert importlib.util.find_spec("horovod._hvdrunner_torch_cxx17") is not None
