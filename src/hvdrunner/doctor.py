@@ -73,7 +73,9 @@ def _framework_check(info: dict[str, Any], name: str, dist: str, fix: str) -> Ch
     if info.get(dist) is None:
         return Check(title, None, f"{'yes' if built else 'no'} ({dist} not installed)",
                      required=False)  # fmt: skip
-    detail = f"yes ({dist} {info[dist]})" if built else f"no {name} extension for {dist} {info[dist]}"
+    detail = (
+        f"yes ({dist} {info[dist]})" if built else f"no {name} extension for {dist} {info[dist]}"
+    )
     return Check(title, built, detail, fix)
 
 

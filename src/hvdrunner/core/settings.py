@@ -120,7 +120,7 @@ def make_config(
     unknown = sorted(set(settings) - set(fields))
     if unknown:
         raise TypeError(f"{fn_name}() got unexpected argument(s) {unknown}; see help({fn_name})")
-    values = {k: tuple(v) if k in tuples else v for k, v in settings.items()}
+    values: dict[str, Any] = {k: tuple(v) if k in tuples else v for k, v in settings.items()}
     if config is not None:
         return dataclasses.replace(config, **values)
     missing = [

@@ -97,12 +97,13 @@ def average_metrics(metrics: Mapping[str, float]) -> dict[str, float]:
 
 def check_in_sync(model: torch.nn.Module, rtol: float = 1e-6) -> None:
     """Raise :class:`~hvdrunner.errors.RanksOutOfSyncError` unless every rank holds rank 0's
-    weights (one small allgather of per-tensor fingerprints)."""
+    parameters (one small allgather of per-tensor fingerprints)."""
     hvd = _hvd()
     if hvd.size() == 1:
         return
-    tensors = [t.detach().to("cpu", torch.float64).numpy() for t in model.state_dict().values()
-               if t.is_floating_point()]  # fmt: skip
+    # Parameters only: buffers such as BatchNorm's running statistics follow each rank's
+    # own data by design (Horovod does not average them; rank 0's are the ones saved).
+    tensors = [p.detach().to("cpu", torch.float64).numpy() for p in model.parameters()]
     everyone = hvd.allgather_object(weight_fingerprint(tensors), name="hvdrunner.weight_sync")
     check_fingerprints(everyone, SYNC_FIX, rtol)
 

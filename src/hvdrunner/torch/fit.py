@@ -75,11 +75,12 @@ def fit(
     cfg = make_config(config, settings)
     hvd, device = _init_horovod(cfg)
     model, opt, lr = _build(build_model, cfg, hvd.size(), device)
+    group_lrs = [float(g["lr"]) for g in opt.param_groups]  # before a restore overwrites them
     store, initial_epoch = _restore(cfg, model, opt, hvd)
     collectives.broadcast_state(model, opt)
     steps = data.steps_per_epoch(cfg.batch_size)
     _log_params(cfg, hvd.size(), lr, steps, data.num_rows, initial_epoch)
-    trainer = loop.Trainer(model, opt, cfg, lr, device, steps, store)
+    trainer = loop.Trainer(model, opt, cfg, lr, device, steps, store, group_lrs)
     history, example = trainer.run(data, validation, initial_epoch)
     model_uri = _log_model(model, cfg, example)
     if not is_rank0():
@@ -102,8 +103,8 @@ def _init_horovod(cfg: FitConfig) -> tuple[Any, torch.device]:
 
 def _make_optimizer(spec: Any, params: Any, lr: float) -> torch.optim.Optimizer:
     if callable(spec):
-        return spec(params, lr)  # type: ignore[no-any-return]
-    return {  # type: ignore[no-any-return]
+        return spec(params, lr)
+    return {
         "adam": torch.optim.Adam,
         "sgd": torch.optim.SGD,
         "adamw": torch.optim.AdamW,
@@ -117,7 +118,9 @@ def _build(
     """The model on its device, its gradient-averaging optimizer, the scaled LR."""
     model = build_model()
     if not isinstance(model, torch.nn.Module):
-        raise TypeError(NOT_TORCH.format(kind=f"{type(model).__module__}.{type(model).__qualname__}"))
+        raise TypeError(
+            NOT_TORCH.format(kind=f"{type(model).__module__}.{type(model).__qualname__}")
+        )
     model = model.to(device)
     lr = schedule.scaled_lr(cfg.learning_rate, size)
     opt = collectives.distributed_optimizer(

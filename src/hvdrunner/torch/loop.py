@@ -57,24 +57,29 @@ def resolve(spec: str | Fn, table: dict[str, Fn]) -> tuple[str, Fn]:
 
 
 def _forward(model: torch.nn.Module, x: Any) -> torch.Tensor:
-    return model(**x) if isinstance(x, dict) else model(x)  # type: ignore[no-any-return]
+    return model(**x) if isinstance(x, dict) else model(x)
 
 
 class Trainer:
-    """One rank's training of ``model`` under ``optimizer`` (already distributed)."""
+    """One rank's training of ``model`` under ``optimizer`` (already distributed).
+
+    ``group_lrs``: each param group's scaled rate as built, before any checkpoint restore
+    (a restored state holds the rate of the moment it was saved, mid-warmup perhaps).
+    """
 
     def __init__(
         self, model: torch.nn.Module, optimizer: Any, cfg: FitConfig, lr: float,
-        device: torch.device, steps: int, store: Any,
+        device: torch.device, steps: int, store: Any, group_lrs: list[float],
     ) -> None:  # fmt: skip
         self.model, self.opt, self.cfg, self.lr = model, optimizer, cfg, lr
         self.device, self.steps, self.store = device, steps, store
         self.loss = resolve(cfg.loss, LOSSES)[1]
         self.metrics = [resolve(m, {"accuracy": accuracy}) for m in cfg.metrics]
-        for group in optimizer.param_groups:  # the scaled rate each group warms up to
-            group.setdefault("hvdrunner_lr", group["lr"])
+        self.group_lrs = list(group_lrs)
 
-    def run(self, data: Any, validation: Any, initial_epoch: int) -> tuple[dict[str, list[float]], Any]:
+    def run(
+        self, data: Any, validation: Any, initial_epoch: int
+    ) -> tuple[dict[str, list[float]], Any]:
         """Epochs ``initial_epoch..epochs-1``; the averaged history and a few input rows."""
         cfg = self.cfg
         feed = batches(data, cfg.batch_size, shuffle=cfg.shuffle, seed=cfg.seed,
@@ -88,7 +93,8 @@ class Trainer:
             example = example if example is not None else first
             if val is not None:
                 logs |= {f"val_{k}": v for k, v in self._evaluate(*val).items()}
-            logs = collectives.average_metrics(logs)
+            averaged = collectives.average_metrics(logs)
+            logs = {k: averaged[k] for k in logs}  # loss, metrics, val_*: as computed
             if epoch == initial_epoch:  # the first synchronized epoch of this run
                 collectives.check_in_sync(self.model)
             self._epoch_end(epoch, logs, time.monotonic() - start)
@@ -105,8 +111,8 @@ class Trainer:
 
     def _set_lr(self, epoch: float) -> None:
         factor = schedule.warmup_multiplier(epoch, size(), self.cfg.warmup_epochs)
-        for group in self.opt.param_groups:
-            group["lr"] = group["hvdrunner_lr"] * factor
+        for group, lr in zip(self.opt.param_groups, self.group_lrs, strict=True):
+            group["lr"] = lr * factor
 
     def _train_epoch(self, feed: Iterator[Any], epoch: int) -> tuple[dict[str, float], Any]:
         """``steps`` batches; local means of loss and metrics; the first batch's inputs."""
