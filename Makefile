@@ -6,6 +6,11 @@
 # STACK=lts:              Python 3.11, TF 2.15 / Keras 2, pyspark 3.5, petastorm (DBR 15.4 LTS ML).
 # STACK=torch:            Python 3.11, torch 2.13 (CPU), pyspark 4.1, no TensorFlow: the PyTorch
 #                         tests (marker `torch`) and `make demo FRAMEWORK=torch`.
+# make demo FRAMEWORK=torch: the PyTorch chain (on STACK=torch unless STACK says otherwise).
+FRAMEWORK ?= keras
+ifeq ($(FRAMEWORK),torch)
+STACK  ?= torch
+endif
 STACK  ?= modern
 VENV   ?= .venv-$(STACK)
 PY     := $(VENV)/bin/python
@@ -23,7 +28,7 @@ export TF_CPP_MIN_LOG_LEVEL ?= 2
 .PHONY: demo test test-tf-keras env doctor lint bench clean-env
 
 demo: $(STAMP)        ## the main job: 2 Horovod ranks on local Spark, MLflow in ./mlflow.db
-	$(PY) -m hvdrunner demo
+	$(PY) -m hvdrunner demo --framework $(FRAMEWORK)
 
 test: $(STAMP)        ## the whole test suite on $(STACK)
 	$(PY) -m pytest $(PYTEST_ARGS)

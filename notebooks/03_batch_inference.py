@@ -1,15 +1,16 @@
 # Databricks notebook source
 # MAGIC %md
 # MAGIC # 03 · Batch inference
-# MAGIC Loads the trained model from MLflow, scores the test split with
+# MAGIC Loads the trained model (Keras or PyTorch) from MLflow, scores the test split with
 # MAGIC `mlflow.pyfunc.spark_udf`, writes the predictions, prints the accuracy and logs it to
 # MAGIC the training run as `test_accuracy`.
 # MAGIC
 # MAGIC | widget | meaning | default |
 # MAGIC |---|---|---|
 # MAGIC | `test_path` | data to score (empty: task value of `prepare_data`) | `` |
-# MAGIC | `model_uri` | MLflow model (empty: task value of `train_keras`) | `` |
-# MAGIC | `run_id` | run to log `test_accuracy` to (empty: task value of `train_keras`) | `` |
+# MAGIC | `train_task` | the training task whose model is scored: `train_keras` or `train_torch` | `train_keras` |
+# MAGIC | `model_uri` | MLflow model (empty: task value of `train_task`) | `` |
+# MAGIC | `run_id` | run to log `test_accuracy` to (empty: task value of `train_task`) | `` |
 # MAGIC | `predictions_path` | where predictions are written | `/Volumes/main/default/hvdrunner/predictions` |
 
 # COMMAND ----------
@@ -24,6 +25,7 @@ dbutils.library.restartPython()
 # COMMAND ----------
 
 dbutils.widgets.text("test_path", "", "Test data path")
+dbutils.widgets.text("train_task", "train_keras", "Training task")
 dbutils.widgets.text("model_uri", "", "Model URI")
 dbutils.widgets.text("run_id", "", "MLflow run id")
 dbutils.widgets.text("predictions_path", "/Volumes/main/default/hvdrunner/predictions", "Predictions path")
@@ -36,8 +38,8 @@ from hvdrunner.notebook import upstream
 
 w = dbutils.widgets.get
 test_path = upstream(dbutils, "test_path", "prepare_data")
-model_uri = upstream(dbutils, "model_uri", "train_keras")
-run_id = upstream(dbutils, "run_id", "train_keras")
+model_uri = upstream(dbutils, "model_uri", w("train_task"))
+run_id = upstream(dbutils, "run_id", w("train_task"))
 result = score(
     spark, model_uri, datasets.read(spark, test_path), features="pixels", label="label",
     output_path=w("predictions_path"), run_id=run_id,

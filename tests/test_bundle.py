@@ -106,23 +106,27 @@ def test_the_training_job_installs_the_wheel_the_build_job_writes(name):
     out = params[params.index("--out") + 1]
     assert out == f"{variables['wheel_dir']}/{variables['spark_version']}"
     assert out.startswith("/Volumes/")
-    train = _job(config, "hvdrunner_train")
-    cluster = train["job_clusters"][0]["new_cluster"]
-    assert "init_scripts" not in cluster  # nothing installs at cluster start any more
-    assert cluster["single_user_name"] == variables["cluster_user"] == USER
-    libs = [lib["whl"] for lib in _task(train, "train_keras")["libraries"]]
-    horovod = [lib for lib in libs if "horovod" in lib]
-    if name == "lts":
-        # 15.4 LTS ML ships horovod 0.28.1; pip skips a wheel of the same version, so
-        # attaching ours would silently keep theirs: lts keeps it on purpose.
-        assert horovod == []
-    else:
-        (wheel,) = horovod
-        assert os.path.dirname(wheel) == out
-        match = WHEEL.fullmatch(os.path.basename(wheel))
-        assert match and match.group(1) == variables["python_tag"]
-    for task in train["tasks"]:
-        assert {"whl": "../dist/hvdrunner-*.whl"} in task["libraries"]
+    for job, task_key in (
+        ("hvdrunner_train", "train_keras"),
+        ("hvdrunner_train_torch", "train_torch"),
+    ):
+        train = _job(config, job)
+        cluster = train["job_clusters"][0]["new_cluster"]
+        assert "init_scripts" not in cluster  # nothing installs at cluster start any more
+        assert cluster["single_user_name"] == variables["cluster_user"] == USER
+        libs = [lib["whl"] for lib in _task(train, task_key)["libraries"]]
+        horovod = [lib for lib in libs if "horovod" in lib]
+        if name == "lts":
+            # 15.4 LTS ML ships horovod 0.28.1; pip skips a wheel of the same version, so
+            # attaching ours would silently keep theirs: lts keeps it on purpose.
+            assert horovod == []
+        else:
+            (wheel,) = horovod  # the one wheel, built against the runtime's TF and torch
+            assert os.path.dirname(wheel) == out
+            match = WHEEL.fullmatch(os.path.basename(wheel))
+            assert match and match.group(1) == variables["python_tag"]
+        for task in train["tasks"]:
+            assert {"whl": "../dist/hvdrunner-*.whl"} in task["libraries"]
 
 
 def test_production_identity_and_node_types_are_variables():

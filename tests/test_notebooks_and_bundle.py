@@ -35,10 +35,11 @@ def _jobs() -> dict:
     return jobs
 
 
-def test_there_are_three_notebooks():
+def test_there_are_four_notebooks():
     assert [p.name for p in NOTEBOOKS] == [
         "01_prepare_data.py",
         "02_train_keras.py",
+        "02_train_torch.py",
         "03_batch_inference.py",
     ]
 
@@ -62,17 +63,24 @@ def test_notebook_format(path):
         assert f"`{widget}`" in cells[0].source, f"{path.name}: widget {widget!r} is not documented"
 
 
-def test_jobs_load_with_databricks_bundles_and_match_the_notebooks():
+@pytest.mark.parametrize(
+    "name,framework", [("hvdrunner_train", "keras"), ("hvdrunner_train_torch", "torch")]
+)
+def test_jobs_load_with_databricks_bundles_and_match_the_notebooks(name, framework):
     from databricks.bundles.jobs import Job
 
     jobs = _jobs()
-    assert sorted(jobs) == ["hvdrunner_build_horovod", "hvdrunner_train"]
+    assert sorted(jobs) == ["hvdrunner_build_horovod", "hvdrunner_train", "hvdrunner_train_torch"]
     Job.from_dict(jobs["hvdrunner_build_horovod"][1])
-    path, raw = jobs["hvdrunner_train"]
+    path, raw = jobs[name]
     job = Job.from_dict(raw)
-    assert job.name == "${bundle.target}-hvdrunner-train"
+    assert job.name == "${bundle.target}-" + name.replace("_", "-")
     keys = [t.task_key for t in job.tasks]
-    assert keys == ["prepare_data", "train_keras", "batch_inference"]
+    assert keys == ["prepare_data", f"train_{framework}", "batch_inference"]
+    # 03 scores the model of the training task its `train_task` names (default train_keras).
+    scoring = job.tasks[2].notebook_task.base_parameters.get("train_task", "train_keras")
+    assert scoring == f"train_{framework}"
+    assert job.tasks[2].depends_on[0].task_key == f"train_{framework}"
     for task in job.tasks:
         notebook = (path.parent / task.notebook_task.notebook_path).resolve()
         assert notebook.is_file(), f"{task.task_key}: {notebook} does not exist"
@@ -88,24 +96,30 @@ def test_jobs_load_with_databricks_bundles_and_match_the_notebooks():
     # Targets, paths and the horovod wheel: tests/test_bundle.py.
 
 
-@pytest.mark.keras
 @pytest.mark.timeout(600)
-def test_the_three_notebooks_run_as_a_local_job(tmp_path):
+@pytest.mark.parametrize(
+    "framework",
+    [
+        pytest.param("keras", marks=pytest.mark.keras),
+        pytest.param("torch", marks=pytest.mark.torch),
+    ],
+)
+def test_the_three_notebooks_run_as_a_local_job(tmp_path, framework):
     env = dict(os.environ, MLFLOW_TRACKING_URI=f"sqlite:///{tmp_path / 'mlflow.db'}")
     proc = subprocess.run(
         [sys.executable, "-m", "hvdrunner", "demo", "--notebooks", str(ROOT / "notebooks"),
-         "--epochs", "4", "--workdir", str(tmp_path / "demo")],
+         "--epochs", "4", "--workdir", str(tmp_path / "demo"), "--framework", framework],
         cwd=tmp_path, env=env, capture_output=True, text=True, timeout=540,
     )  # fmt: skip
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
     values = json.loads((tmp_path / "demo" / "task_values.json").read_text())
-    assert set(values) == {"prepare_data", "train_keras", "batch_inference"}
+    assert set(values) == {"prepare_data", f"train_{framework}", "batch_inference"}
     accuracy = values["batch_inference"]["test_accuracy"]
     assert accuracy > 0.8  # 4 epochs on digits; the 10-epoch demo reaches ~0.96
     assert f"test accuracy: {accuracy:.3f}" in proc.stdout
     mlflow.set_tracking_uri(env["MLFLOW_TRACKING_URI"])
     try:
-        run = mlflow.get_run(values["train_keras"]["run_id"])
+        run = mlflow.get_run(values[f"train_{framework}"]["run_id"])
         assert run.info.status == "FINISHED"
         assert run.data.metrics["test_accuracy"] == pytest.approx(accuracy)
         assert (tmp_path / "demo" / "predictions").is_dir()

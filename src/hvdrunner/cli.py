@@ -8,7 +8,11 @@ import logging
 import os
 import sys
 
-DEMO_NOTEBOOKS = ("01_prepare_data.py", "02_train_keras.py", "03_batch_inference.py")
+#: The demo's chain per framework: 01 and 03 are shared, 02 is the framework's training.
+DEMO_NOTEBOOKS = {
+    framework: ("01_prepare_data.py", f"02_train_{framework}.py", "03_batch_inference.py")
+    for framework in ("keras", "torch")
+}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -28,6 +32,8 @@ def main(argv: list[str] | None = None) -> int:
         "demo", help="run notebooks 01 -> 02 -> 03 locally: Horovod ranks on local Spark"
     )
     demo.add_argument("--notebooks", default="notebooks", help="folder holding the three notebooks")
+    demo.add_argument("--framework", choices=sorted(DEMO_NOTEBOOKS), default="keras",
+                      help="which training notebook: 02_train_keras (default) or 02_train_torch")  # fmt: skip
     demo.add_argument("--np", type=int, default=2)
     demo.add_argument("--epochs", type=int, default=10)
     demo.add_argument("--master", default="local[2]")
@@ -51,7 +57,7 @@ def _demo(args: argparse.Namespace) -> int:
 
     from hvdrunner import notebook
 
-    paths = [os.path.join(args.notebooks, name) for name in DEMO_NOTEBOOKS]
+    paths = [os.path.join(args.notebooks, name) for name in DEMO_NOTEBOOKS[args.framework]]
     missing = [p for p in paths if not os.path.isfile(p)]
     if missing:
         print(
@@ -68,6 +74,7 @@ def _demo(args: argparse.Namespace) -> int:
         "output_dir": os.path.join(args.workdir, "data"),
         "cache_dir": os.path.join(args.workdir, "cache"),
         "predictions_path": os.path.join(args.workdir, "predictions"),
+        "train_task": f"train_{args.framework}",
     }
     code = notebook.run(paths, params, values, args.master)
     if code:
@@ -76,7 +83,7 @@ def _demo(args: argparse.Namespace) -> int:
         out = json.load(f)
     print("\n==== hvdrunner demo ====")
     print(f"test accuracy: {out['batch_inference']['test_accuracy']:.3f}")
-    print(f"MLflow run id: {out['train_keras']['run_id']}")
+    print(f"MLflow run id: {out[f'train_{args.framework}']['run_id']}")
     print(f"view it:       mlflow ui --backend-store-uri {mlflow.get_tracking_uri()}")
     return 0
 

@@ -1,27 +1,12 @@
-"""MLflow across a Horovod job: one run, written by rank 0 only.
-
-On the driver, :class:`HorovodRunner` hands the active MLflow run (tracking/registry URIs,
-experiment and run ids) and, on Databricks, the workspace host and token to the ranks —
-through the rank processes' environment only, over the job's authenticated channel, never
-in the pickled payload, a file, a log line, a param or a tag. In the ranks, the helpers
-below are safe on every rank: only rank 0 writes, and only when the driver had a run.
-With no active run nothing is logged: no rank ever starts a run of its own.
-
-Example (notebook):
-    >>> import mlflow
-    >>> with mlflow.start_run():                       # doctest: +SKIP
-    ...     HorovodRunner(np=2).run(train)             # rank 0 logs into this run
-"""
+"""The job's one MLflow run: handed to the ranks, written by rank 0 (see the package doc)."""
 
 from __future__ import annotations
 
 import contextlib
 import os
-import tempfile
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Iterator, Mapping
 from typing import Any
 
-from hvdrunner import _versions
 from hvdrunner._logging import get_logger
 from hvdrunner._secrets import scrub
 from hvdrunner.distributed import is_rank0
@@ -215,7 +200,8 @@ def run_id() -> str | None:
     return os.environ.get(RUN_ID_ENV) or None
 
 
-def _client() -> Any | None:
+def rank0_client() -> Any | None:
+    """An MlflowClient on rank 0 when the driver handed down a run; ``None`` elsewhere."""
     if not is_rank0() or run_id() is None:
         return None
     from mlflow import MlflowClient
@@ -225,7 +211,7 @@ def _client() -> Any | None:
 
 def log_params(params: Mapping[str, Any]) -> None:
     """Log params to the job's run (rank 0 only; a no-op elsewhere or without a run)."""
-    client = _client()
+    client = rank0_client()
     if client is None:
         return
     from mlflow.entities import Param, RunTag
@@ -251,7 +237,7 @@ def log_params(params: Mapping[str, Any]) -> None:
 
 def log_metrics(metrics: Mapping[str, float], step: int | None = None) -> None:
     """Log metrics at ``step`` (rank 0 only). Average across ranks *before* calling this."""
-    client = _client()
+    client = rank0_client()
     if client is not None:
         import time
 
@@ -267,7 +253,7 @@ def log_metrics(metrics: Mapping[str, float], step: int | None = None) -> None:
 
 def set_tags(tags: Mapping[str, Any]) -> None:
     """Set tags on the job's run (rank 0 only)."""
-    client = _client()
+    client = rank0_client()
     if client is not None:
         from mlflow.entities import RunTag
 
@@ -283,7 +269,7 @@ def autolog(**kwargs: Any) -> None:
     rank. Put Horovod's ``MetricAverageCallback`` in your callbacks so the autologged epoch
     metrics are averages over ranks.
     """
-    if _client() is None:
+    if rank0_client() is None:
         return
     import mlflow
 
@@ -292,96 +278,3 @@ def autolog(**kwargs: Any) -> None:
         # without running mlflow's atexit hook), so its status stays the driver's to set.
         mlflow.start_run(run_id=run_id())
     mlflow.tensorflow.autolog(**kwargs)
-
-
-def _save_kwargs(keras_mode: str) -> dict[str, Any]:
-    """How to save a trained model so that it loads where horovod/hvdrunner are absent.
-
-    - keras2 (TF 2.15): without the optimizer (its graph would hold Horovod ops).
-    - tf_keras (TF >= 2.16): MLflow saves ``.keras`` by default, which rejects
-      ``include_optimizer``; h5 without the optimizer loads and predicts anywhere.
-    - keras3: ``.keras``; the optimizer is saved under its own class (hvdrunner's subclass
-      keeps the base's name and module), so it loads with plain Keras.
-    """
-    if keras_mode == "keras3":
-        return {}
-    if keras_mode == "tf_keras":
-        return {"save_format": "h5", "include_optimizer": False}
-    return {"include_optimizer": False}
-
-
-def _log_saved(
-    save: Callable[[str], None], artifact_path: str, registered_name: str | None
-) -> str | None:
-    """``save(dir)`` writes an MLflow model; it goes into the job's run (rank 0); its URI."""
-    client = _client()
-    if client is None:
-        return None
-    with tempfile.TemporaryDirectory() as tmp:
-        path = os.path.join(tmp, artifact_path)
-        save(path)
-        client.log_artifacts(run_id(), path, artifact_path=artifact_path)
-    uri = f"runs:/{run_id()}/{artifact_path}"
-    if registered_name:
-        import mlflow
-
-        mlflow.register_model(uri, registered_name)
-    return uri
-
-
-def log_model(
-    model: Any, input_example: Any, artifact_path: str = "model", registered_name: str | None = None
-) -> str | None:
-    """Log a Keras model with its signature (from ``input_example``); rank 0 only.
-
-    Returns the model URI (``runs:/<run>/<artifact_path>``) on rank 0, ``None`` elsewhere.
-    The model loads with ``mlflow.pyfunc.load_model`` / ``mlflow.pyfunc.spark_udf``.
-    ``registered_name`` also registers it (a three-level Unity Catalog name on Databricks).
-    """
-    if _client() is None:
-        return None
-
-    def save(path: str) -> None:
-        import mlflow
-        from mlflow.models import infer_signature
-
-        signature = infer_signature(input_example, model.predict(input_example, verbose=0))
-        mlflow.tensorflow.save_model(
-            model, path, signature=signature, input_example=input_example,
-            keras_model_kwargs=_save_kwargs(_versions.mode()),
-        )  # fmt: skip
-
-    return _log_saved(save, artifact_path, registered_name)
-
-
-def log_pytorch_model(
-    model: Any, input_example: Any, artifact_path: str = "model", registered_name: str | None = None
-) -> str | None:
-    """Log a torch ``nn.Module`` with ``mlflow.pytorch`` and a signature; rank 0 only.
-
-    ``input_example``: a numpy array (or dict of arrays) of a few input rows. The model is
-    saved from a CPU copy in eval mode, so it loads (``mlflow.pyfunc.load_model``,
-    ``spark_udf``) on machines without a GPU, horovod or hvdrunner.
-    """
-    if _client() is None:
-        return None
-
-    def save(path: str) -> None:
-        import copy
-
-        import mlflow.pytorch
-        import torch
-        from mlflow.models import infer_signature
-
-        cpu = copy.deepcopy(model).to("cpu").eval()
-        with torch.no_grad():
-            inputs = (
-                {k: torch.as_tensor(v) for k, v in input_example.items()}
-                if isinstance(input_example, dict)
-                else torch.as_tensor(input_example)
-            )
-            output = cpu(**inputs) if isinstance(inputs, dict) else cpu(inputs)
-        signature = infer_signature(input_example, output.numpy())
-        mlflow.pytorch.save_model(cpu, path, signature=signature, input_example=input_example)
-
-    return _log_saved(save, artifact_path, registered_name)

@@ -1,0 +1,47 @@
+"""MLflow across a Horovod job: one run, written by rank 0 only.
+
+On the driver, :class:`HorovodRunner` hands the active MLflow run (tracking/registry URIs,
+experiment and run ids) and, on Databricks, the workspace host and token to the ranks —
+through the rank processes' environment only, over the job's authenticated channel, never
+in the pickled payload, a file, a log line, a param or a tag. In the ranks, the helpers
+below are safe on every rank: only rank 0 writes, and only when the driver had a run.
+With no active run nothing is logged: no rank ever starts a run of its own.
+
+Example (notebook):
+    >>> import mlflow
+    >>> with mlflow.start_run():                       # doctest: +SKIP
+    ...     HorovodRunner(np=2).run(train)             # rank 0 logs into this run
+"""
+
+from hvdrunner.tracking.models import log_model, log_pytorch_model
+from hvdrunner.tracking.runs import (
+    ERROR_TAG,
+    EXPERIMENT_ID_ENV,
+    RUN_ID_ENV,
+    autolog,
+    check_registered_model_name,
+    driver_context,
+    log_metrics,
+    log_params,
+    mark_failed,
+    mlflow_run,
+    run_id,
+    set_tags,
+)
+
+__all__ = [
+    "ERROR_TAG",
+    "EXPERIMENT_ID_ENV",
+    "RUN_ID_ENV",
+    "autolog",
+    "check_registered_model_name",
+    "driver_context",
+    "log_metrics",
+    "log_model",
+    "log_params",
+    "log_pytorch_model",
+    "mark_failed",
+    "mlflow_run",
+    "run_id",
+    "set_tags",
+]

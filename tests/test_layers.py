@@ -1,0 +1,113 @@
+"""The import graph of src/hvdrunner, read from the source (AST, nothing imported): imports
+run one way - no cycle, function-local imports included - and the layers keep apart
+(the framework-neutral core, the launcher and each framework adapter)."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+SRC = Path(__file__).resolve().parents[1] / "src"
+PKG = SRC / "hvdrunner"
+
+
+def _module(path: Path) -> str:
+    parts = path.relative_to(SRC).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def _imports(path: Path) -> set[str]:
+    """Every hvdrunner module ``path`` imports, at module level or inside a function."""
+    me = _module(path)
+    package = me if path.name == "__init__.py" else me.rsplit(".", 1)[0]
+    out: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            out |= {a.name for a in node.names if a.name.startswith("hvdrunner")}
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                base = ".".join(
+                    package.split(".")[: len(package.split(".")) - node.level + 1] + [base]
+                ).strip(".")
+            if base.startswith("hvdrunner"):
+                out.add(base)
+                out |= {f"{base}.{a.name}" for a in node.names}
+    return out
+
+
+def _graph() -> dict[str, set[str]]:
+    paths = sorted(PKG.rglob("*.py"))
+    modules = {_module(p) for p in paths}
+    graph = {}
+    for p in paths:
+        me = _module(p)
+        deps = {d for d in _imports(p) if d in modules and d != me}
+        # A package's own __init__ importing its submodules is its public face, not an edge
+        # back into a layer.
+        graph[me] = {d for d in deps if not (p.name == "__init__.py" and d.startswith(me + "."))}
+    return graph
+
+
+def _cycle(graph: dict[str, set[str]]) -> list[str] | None:
+    state: dict[str, int] = {}
+    stack: list[str] = []
+
+    def visit(n: str) -> list[str] | None:
+        state[n] = 1
+        stack.append(n)
+        for d in sorted(graph.get(n, ())):
+            # importing a package runs its __init__: an edge to it
+            if state.get(d) == 1:
+                return stack[stack.index(d) :] + [d]
+            if d not in state and (found := visit(d)):
+                return found
+        stack.pop()
+        state[n] = 2
+        return None
+
+    for n in sorted(graph):
+        if n not in state and (found := visit(n)):
+            return found
+    return None
+
+
+def test_the_import_graph_has_no_cycle():
+    graph = _graph()
+    assert len(graph) > 50  # the scan saw the package
+    assert _cycle(graph) is None, f"import cycle: {' -> '.join(_cycle(graph) or [])}"
+
+
+@pytest.mark.parametrize(
+    "layer,forbidden",
+    [
+        ("hvdrunner.core", ("hvdrunner.keras", "hvdrunner.torch", "hvdrunner._launch",
+                            "hvdrunner.tracking", "hvdrunner.runner")),
+        ("hvdrunner.torch", ("hvdrunner.keras", "hvdrunner.hvd_keras")),
+        ("hvdrunner.keras", ("hvdrunner.torch",)),
+        ("hvdrunner._launch", ("hvdrunner.keras", "hvdrunner.torch", "hvdrunner.tracking")),
+        ("hvdrunner.data", ("hvdrunner.keras", "hvdrunner.torch")),
+    ],
+)  # fmt: skip
+def test_layers_keep_apart(layer, forbidden):
+    bad = {
+        (m, d)
+        for m, deps in _graph().items()
+        if m == layer or m.startswith(layer + ".")
+        for d in deps
+        if any(d == f or d.startswith(f + ".") for f in forbidden)
+    }
+    assert not bad, f"{layer} must not import {forbidden}: {sorted(bad)}"
+
+
+def test_the_scan_finds_function_local_imports(tmp_path, monkeypatch):
+    # The checker itself: an import inside a function is an edge like any other.
+    fake = tmp_path / "hvdrunner" / "a.py"
+    fake.parent.mkdir()
+    fake.write_text("def f():\n    from hvdrunner import b\n    import hvdrunner.c\n")
+    monkeypatch.setattr(__import__(__name__), "SRC", tmp_path)
+    assert _imports(fake) >= {"hvdrunner.b", "hvdrunner.c"}
+    assert _cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == ["a", "b", "c", "a"]
+    assert _cycle({"a": {"b"}, "b": set()}) is None
