@@ -6,23 +6,27 @@ import os
 import platform
 import time
 
+from hvdrunner._versions import major_minor, tensorflow, version
+
 
 def stack() -> str:
-    """``lts`` (TF 2.15 / Keras 2) or ``modern`` (TF >= 2.16 / Keras 3), as the Makefile names them."""
-    if os.environ.get("STACK") in ("lts", "modern"):
+    """``lts`` (TF 2.15 / Keras 2), ``modern`` (TF >= 2.16 / Keras 3) or ``torch`` (no TF),
+    as the Makefile names them."""
+    if os.environ.get("STACK") in ("lts", "modern", "torch"):
         return os.environ["STACK"]
-    from hvdrunner._versions import major_minor, tensorflow
-
+    if tensorflow() is None:
+        return "torch"
     return "lts" if major_minor(tensorflow() or "0") < (2, 16) else "modern"
 
 
 def context() -> dict:
-    import pyarrow
-    import tensorflow as tf
-
+    frameworks = ", ".join(
+        f"{name} {version(dist)}" for name, dist in (("TF", "tensorflow"), ("torch", "torch"))
+        if version(dist)
+    )  # fmt: skip
     return {
         "stack": stack(),
-        "versions": f"Python {platform.python_version()}, TF {tf.__version__}, pyarrow {pyarrow.__version__}",
+        "versions": f"Python {platform.python_version()}, {frameworks}, pyarrow {version('pyarrow')}",
         "machine": f"{platform.machine()}, {os.cpu_count()} cores, "
         f"{os.sysconf('SC_PHYS_PAGES') * os.sysconf('SC_PAGE_SIZE') >> 30} GiB",
         "date": time.strftime("%Y-%m-%d"),

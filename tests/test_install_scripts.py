@@ -73,13 +73,13 @@ def test_an_installed_horovod_without_the_iface_patch_is_replaced_or_kept_loudly
     assert "hvdrunner checks before hvd.init()" in kept.stdout
 
 
-def test_builder_fails_loudly_without_tensorflow(tmp_path):
+def test_builder_fails_loudly_without_a_framework(tmp_path):
     venv = tmp_path / "bare"
     subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True)
     proc = _run(BUILDER, {"PYTHON": str(venv / "bin" / "python"),
                           "HVDRUNNER_WHEEL_CACHE": str(tmp_path / "c")})  # fmt: skip
     assert proc.returncode != 0
-    assert "TensorFlow is not installed" in proc.stderr
+    assert "neither TensorFlow nor PyTorch is installed" in proc.stderr
 
 
 def test_patch_applies_to_the_horovod_sdist_cmake_line():

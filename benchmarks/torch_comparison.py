@@ -1,0 +1,219 @@
+"""PyTorch, side by side in one run on the same ranks and data (torch stack, local[2]):
+
+1. ``hvdrunner.torch.fit`` against a bare ``horovod.torch`` loop (the standard recipe:
+   DistributedSampler, DataLoader, DistributedOptimizer), both under HorovodRunner(np=2):
+   steady training throughput (rows/s over epochs 2..E; epoch 1 warms up). Goal >= 0.97x.
+2. HorovodRunner against pyspark's ``TorchDistributor`` (the runner Spark users pick for
+   PyTorch; torch.distributed DDP over gloo) for the same 2-process job on Spark barrier
+   tasks: launch wall (call -> both processes training, i.e. wall minus the time inside the
+   function) and steady step time.
+
+Data: N rows x 784 float32 features (synthetic, 10 classes), prepared once as Parquet; the
+model an MLP 784-256-10, batch 64 per process, SGD. Results in
+benchmarks/results/torch_comparison-torch.json.
+
+    .venv-torch/bin/python benchmarks/torch_comparison.py [--rows 40000 --epochs 4 --reps 3]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import time
+from pathlib import Path
+
+from _bench import context
+
+RESULTS = Path(__file__).parent / "results" / "torch_comparison-torch.json"
+BATCH = 64
+
+
+def build():
+    import torch
+
+    return torch.nn.Sequential(torch.nn.Linear(784, 256), torch.nn.ReLU(), torch.nn.Linear(256, 10))
+
+
+def _shard_arrays(local_path: str):
+    """Every row of the prepared files, as the bare loop's user would load them (the
+    DistributedSampler then gives each process its share)."""
+    import pyarrow.compute as pc
+    import pyarrow.parquet as pq
+
+    table = pq.read_table(local_path, columns=["x", "y"])
+    x = pc.list_flatten(table["x"].combine_chunks()).to_numpy().reshape(-1, 784)
+    return x.astype("float32"), table["y"].to_numpy().astype("int64")
+
+
+def _epochs_timed(run_epoch, epochs: int) -> list[float]:
+    out = []
+    for e in range(epochs):
+        t = time.perf_counter()
+        run_epoch(e)
+        out.append(time.perf_counter() - t)
+    return out
+
+
+def bare_horovod(local_path: str, epochs: int):
+    """The standard horovod.torch recipe; returns (seconds per epoch, steps, start time)."""
+    started = time.time()
+    import horovod.torch as hvd
+    import torch
+
+    hvd.init()
+    torch.set_num_threads(max(1, torch.get_num_threads() // hvd.local_size()))
+    x, y = _shard_arrays(local_path)
+    dataset = torch.utils.data.TensorDataset(torch.from_numpy(x), torch.from_numpy(y))
+    sampler = torch.utils.data.distributed.DistributedSampler(dataset, hvd.size(), hvd.rank())
+    loader = torch.utils.data.DataLoader(dataset, batch_size=BATCH, sampler=sampler, drop_last=True)
+    model = build()
+    opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.01 * hvd.size()),
+                                   named_parameters=model.named_parameters())  # fmt: skip
+    hvd.broadcast_parameters(model.state_dict(), 0)
+    hvd.broadcast_optimizer_state(opt, 0)
+
+    def epoch(e: int) -> None:
+        sampler.set_epoch(e)
+        for xb, yb in loader:
+            opt.zero_grad()
+            torch.nn.functional.cross_entropy(model(xb), yb).backward()
+            opt.step()
+
+    return _epochs_timed(epoch, epochs), len(loader), started
+
+
+def hvdrunner_fit(data, epochs: int):
+    """hvdrunner.torch.fit on the same job; epoch times measured around fit's own loop."""
+    started = time.time()
+    from hvdrunner.torch import fit, loop
+
+    times: list[float] = []
+    original = loop.Trainer._train_epoch
+
+    def timed(self, feed, epoch):  # the training part of an epoch, as in the bare loop
+        t = time.perf_counter()
+        out = original(self, feed, epoch)
+        times.append(time.perf_counter() - t)
+        return out
+
+    loop.Trainer._train_epoch = timed
+    result = fit(build_model=build, data=data, epochs=epochs, batch_size=BATCH, loss="cross_entropy",
+                 optimizer="sgd", learning_rate=0.01, log_model=False, verbose=0)  # fmt: skip
+    return times, data.steps_per_epoch(BATCH), started, result is not None
+
+
+def ddp_loop(local_path: str, epochs: int):
+    """The same job in torch.distributed DDP (gloo), as TorchDistributor runs it."""
+    started = time.time()
+    import os
+
+    import torch
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo")
+    rank, size = dist.get_rank(), dist.get_world_size()
+    torch.set_num_threads(max(1, (os.cpu_count() or 2) // size))
+    x, y = _shard_arrays(local_path)
+    dataset = torch.utils.data.TensorDataset(torch.from_numpy(x), torch.from_numpy(y))
+    sampler = torch.utils.data.distributed.DistributedSampler(dataset, size, rank)
+    loader = torch.utils.data.DataLoader(dataset, batch_size=BATCH, sampler=sampler, drop_last=True)
+    torch.manual_seed(0)
+    model = torch.nn.parallel.DistributedDataParallel(build())
+    opt = torch.optim.SGD(model.parameters(), lr=0.01 * size)
+
+    def epoch(e: int) -> None:
+        sampler.set_epoch(e)
+        for xb, yb in loader:
+            opt.zero_grad()
+            torch.nn.functional.cross_entropy(model(xb), yb).backward()
+            opt.step()
+
+    times = _epochs_timed(epoch, epochs)
+    dist.destroy_process_group()
+    return times, len(loader), started
+
+
+def _summary(runs: list[tuple[float, list[float], int, float]], rows_per_epoch: int) -> dict:
+    """runs: (wall, epoch seconds, steps, seconds from call to function start)."""
+    steady = [statistics.median(t[1:]) for _, t, _, _ in runs]
+    steps = runs[0][2]
+    return {
+        "rows_per_s": round(rows_per_epoch / statistics.median(steady)),
+        "step_ms": round(1000 * statistics.median(steady) / steps, 2),
+        "steps_per_epoch": steps,
+        "wall_s": round(statistics.median(w for w, _, _, _ in runs), 2),
+        "launch_s": round(statistics.median(w - sum(t) for w, t, _, _ in runs), 2),
+        "to_first_line_s": round(statistics.median(s for _, _, _, s in runs), 2),
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--rows", type=int, default=40_000)
+    parser.add_argument("--epochs", type=int, default=4)
+    parser.add_argument("--reps", type=int, default=3)
+    args = parser.parse_args()
+
+    from pyspark.ml.torch.distributor import TorchDistributor
+    from pyspark.sql import functions as F
+
+    from hvdrunner import HorovodRunner
+    from hvdrunner.data import prepare
+    from hvdrunner.spark import local_session
+
+    spark = local_session("local[2]", app_name="bench-torch")
+    spark.sparkContext.setLogLevel("ERROR")
+    df = spark.range(args.rows).select(
+        F.transform(F.sequence(F.lit(1), F.lit(784)),
+                    lambda i: ((F.col("id") * i) % 997).cast("float") / 997).alias("x"),
+        (F.col("id") % 10).cast("long").alias("y"),
+    )  # fmt: skip
+    data = prepare(
+        df, features="x", label="y", cache_dir="/tmp/hvdrunner-bench-torch", refresh=True
+    )
+    rows = data.steps_per_epoch(BATCH, 2) * BATCH * 2
+
+    def timed(call):
+        t = time.time()
+        times, steps, started, *_ = call()
+        return time.time() - t, times, steps, started - t
+
+    runner = HorovodRunner(np=2)
+    distributor = TorchDistributor(num_processes=2, local_mode=False, use_gpu=False)
+    results: dict[str, list] = {"fit": [], "bare": [], "ddp": []}
+    for _ in range(args.reps):  # interleaved, so drift hits all three alike
+        results["fit"].append(
+            timed(lambda: runner.run(hvdrunner_fit, data=data, epochs=args.epochs))
+        )
+        results["bare"].append(timed(lambda: runner.run(bare_horovod, local_path=data.local_path,
+                                                        epochs=args.epochs)))  # fmt: skip
+        results["ddp"].append(
+            timed(lambda: distributor.run(ddp_loop, data.local_path, args.epochs))
+        )
+    summary = {k: _summary(v, rows) for k, v in results.items()}
+    out = {
+        "what": (
+            f"{args.rows} rows x 784 float32, MLP 784-256-10, batch {BATCH}/process, SGD, "
+            f"{args.epochs} epochs, 2 processes on local[2], medians of {args.reps} interleaved "
+            f"reps; rows_per_s/step_ms over epochs 2..{args.epochs}; launch_s = wall minus "
+            f"the epochs; to_first_line_s = call until the function's first line"
+        ),
+        "hvdrunner_torch_fit": summary["fit"],
+        "bare_horovod_torch": summary["bare"],
+        "torch_distributor_ddp": summary["ddp"],
+        "fit_vs_bare_throughput": round(summary["fit"]["rows_per_s"] / summary["bare"]["rows_per_s"], 3),
+        "horovodrunner_vs_torchdistributor_launch": round(
+            summary["bare"]["launch_s"] / summary["ddp"]["launch_s"], 3),
+        "horovod_vs_ddp_step_time": round(summary["bare"]["step_ms"] / summary["ddp"]["step_ms"], 3),
+        **context(),
+    }  # fmt: skip
+    RESULTS.parent.mkdir(parents=True, exist_ok=True)
+    RESULTS.write_text(json.dumps(out, indent=2) + "\n")
+    print(json.dumps(out, indent=2))
+    data.delete()
+    spark.stop()
+
+
+if __name__ == "__main__":
+    main()
