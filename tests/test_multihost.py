@@ -36,8 +36,8 @@ SETUP_ERROR_BOUND_S = 60.0
 pytestmark = pytest.mark.multihost
 
 
-def _run_job(mode: str) -> tuple[dict[str, Any], dict[str, Any]]:
-    proc = subprocess.Popen([sys.executable, str(JOB), mode], stdout=subprocess.PIPE,
+def _run_job(mode: str, *scenarios: str) -> tuple[dict[str, Any], dict[str, Any]]:
+    proc = subprocess.Popen([sys.executable, str(JOB), mode, *scenarios], stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True)  # fmt: skip
     try:
         out, _ = proc.communicate(timeout=780)
@@ -78,6 +78,15 @@ def job(request):
     _need_namespaces()
     results, cluster = _run_job(request.param)
     return request.param, results, cluster
+
+
+@pytest.fixture(scope="module")
+def torch_job():
+    """The torch stack's scenarios, in the harder name mode (hostnames resolve to loopback,
+    where only the patched horovod works)."""
+    _need_namespaces()
+    results, cluster = _run_job("loopback", "torch_recipe", "torch_fit")
+    return "loopback", results, cluster
 
 
 def value(job_: tuple[str, dict[str, Any], dict[str, Any]], scenario: str) -> Any:
@@ -221,3 +230,26 @@ def test_the_cluster_leaves_nothing_behind_when_its_owner_is_stopped(sig):
     assert not Path("/etc/netns", f"{prefix}h0").exists()
     if sig == signal.SIGTERM:
         assert not Path(work).exists()
+
+
+@pytest.mark.torch
+@pytest.mark.timeout(900)
+def test_standard_torch_recipe_keeps_four_ranks_on_two_hosts_in_sync(torch_job):
+    out = value(torch_job, "torch_recipe")
+    _, _, cluster = torch_job
+    assert sorted(set(out["hosts"])) == sorted(cluster["hosts"])  # it did cross hosts
+    weights = out["weights"]
+    assert len(weights) == 4
+    for other in weights[1:]:
+        for a, b in zip(weights[0], other, strict=True):
+            np.testing.assert_array_equal(np.array(a), np.array(b))
+    assert not np.allclose(np.array(weights[0][0]), np.array(out["initial"][0]))  # it trained
+
+
+@pytest.mark.torch
+@pytest.mark.timeout(900)
+def test_torch_fit_on_two_hosts_equals_one_rank_at_four_times_the_batch(torch_job):
+    out = value(torch_job, "torch_fit")
+    for a, b in zip(out["four"], out["one"], strict=True):
+        np.testing.assert_allclose(np.array(a), np.array(b), atol=1e-5, rtol=0)
+    assert not np.allclose(np.array(out["four"][0]), np.array(out["initial"][0]), atol=1e-3)

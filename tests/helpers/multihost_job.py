@@ -13,6 +13,9 @@ scenario on 2 hosts x 2 ranks and prints one ``RESULT <scenario> <json>`` line p
 - ``hidden_cache``: prepared data that one host cannot see (its view of the dir is empty).
 - ``host_lost``: a whole host killed mid-training, then the same job on the healed cluster.
 - ``link_cut``: the same with the host's link cut (``ip link set ... down``) and restored.
+- ``torch_recipe``, ``torch_fit`` (torch stack; not in the default list): the standard
+  ``horovod.torch`` recipe on 4 ranks, and ``hvdrunner.torch.fit`` on 4 ranks (batch b)
+  against 1 rank (batch 4b).
 
 Exits 3 (skip) where network namespaces cannot be made.
 """
@@ -119,6 +122,46 @@ def fit_and_weights(**kwargs: Any) -> list[Any]:
     return grabbed["w"]
 
 
+def torch_recipe() -> dict[str, Any]:
+    """The standard horovod.torch recipe, unchanged: each rank its own data and init."""
+    import horovod.torch as hvd
+    import torch
+
+    hvd.init()
+    torch.set_num_threads(1)
+    torch.manual_seed(100 + hvd.rank())  # different init: the broadcast must fix it
+    rng = np.random.default_rng(100 + hvd.rank())
+    x = torch.tensor(rng.normal(size=(256, 4)).astype("float32"))
+    y = x @ torch.tensor([1.0, -2.0, 3.0, 0.5]) + hvd.rank()
+    model = torch.nn.Linear(4, 1)
+    opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.01 * hvd.size()),
+                                   named_parameters=model.named_parameters())  # fmt: skip
+    hvd.broadcast_parameters(model.state_dict(), root_rank=0)
+    hvd.broadcast_optimizer_state(opt, root_rank=0)
+    initial = [p.detach().numpy().tolist() for p in model.parameters()]
+    for _ in range(2):
+        for i in range(0, 256, 32):
+            opt.zero_grad()
+            torch.nn.functional.mse_loss(model(x[i : i + 32]).reshape(-1), y[i : i + 32]).backward()
+            opt.step()
+    final = [p.detach().numpy().tolist() for p in model.parameters()]
+    return {"weights": hvd.allgather_object(final), "initial": initial,
+            "hosts": hvd.allgather_object(where_am_i()["hostname"])}  # fmt: skip
+
+
+def build_torch_linear() -> Any:
+    import torch
+
+    return torch.nn.Linear(4, 1)
+
+
+def torch_weights(ckpt: str, epochs: int) -> list[Any]:
+    import torch
+
+    state = torch.load(os.path.join(ckpt, f"epoch-{epochs:05d}", "model.pt"))
+    return [state["weight"].numpy().tolist(), state["bias"].numpy().tolist()]
+
+
 def unpatched_rank() -> str:
     return "ran"  # where hostnames resolve; elsewhere the task refuses the host first
 
@@ -170,15 +213,7 @@ class Job:
     def fit(self) -> Any:
         from hvdrunner import HorovodRunner
 
-        b, n, r = 16, 512, 4
-        rng = np.random.default_rng(0)
-        x = rng.normal(size=(n, 4)).astype("float32")
-        y = (x @ np.array([1.0, -2.0, 0.5, 3.0]) + 0.1).astype("float32")
-        part = n // r
-        # Rank j reads rows [j*128, (j+1)*128) in order; step k of one rank at batch 4b
-        # holds block k of every rank's part.
-        order = np.concatenate([np.concatenate([np.arange(j * part + k * b, j * part + (k + 1) * b)
-                                                for j in range(r)]) for k in range(part // b)])  # fmt: skip
+        x, y, order, b, r = _linear_rows()
         common = dict(build_model=build_linear, epochs=2, loss="mse", optimizer="sgd",
                       shuffle=False, log_model=False, verbose=0)  # fmt: skip
         four = HorovodRunner(np=r, start_timeout=120).run(
@@ -188,6 +223,32 @@ class Job:
             fit_and_weights, data=self.prepare(pd.DataFrame({"x": x[order].tolist(), "y": y[order]}), "x", "y", "one"),
             batch_size=r * b, learning_rate=0.01 * r, **common)  # fmt: skip
         return {"four": four, "one": one}
+
+    def torch_recipe(self) -> Any:
+        from hvdrunner import HorovodRunner
+
+        return HorovodRunner(np=4, start_timeout=120).run(torch_recipe)
+
+    def torch_fit(self) -> Any:
+        from hvdrunner import HorovodRunner
+        from hvdrunner.torch import fit
+
+        x, y, order, b, r = _linear_rows()
+        common = dict(build_model=build_torch_linear, epochs=2, loss="mse", optimizer="sgd",
+                      shuffle=False, log_model=False, verbose=0)  # fmt: skip
+        four_ckpt, one_ckpt = str(self.shared / "torch-four"), str(self.shared / "torch-one")
+        HorovodRunner(np=r, start_timeout=120).run(
+            fit, data=self.prepare(pd.DataFrame({"x": x.tolist(), "y": y}), "x", "y", "tfour"),
+            batch_size=b, learning_rate=0.01, checkpoint_dir=four_ckpt, **common)  # fmt: skip
+        HorovodRunner(np=-1).run(
+            fit, data=self.prepare(pd.DataFrame({"x": x[order].tolist(), "y": y[order]}), "x", "y", "tone"),
+            batch_size=r * b, learning_rate=0.01 * r, checkpoint_dir=one_ckpt, **common)  # fmt: skip
+        import torch
+
+        torch.manual_seed(0)  # what fit starts from: seed 0, then build_model()
+        start = build_torch_linear()
+        return {"four": torch_weights(four_ckpt, 2), "one": torch_weights(one_ckpt, 2),
+                "initial": [start.weight.detach().numpy().tolist()]}  # fmt: skip
 
     def _failure(self, fn: Any, **kwargs: Any) -> dict[str, Any]:
         from hvdrunner import HorovodRunner, HorovodRunnerError
@@ -293,6 +354,19 @@ class Job:
         out["resumed_epochs"] = len(result.history["loss"])
         out["resumed_status"] = mlflow.get_run(run.info.run_id).info.status
         return out
+
+
+def _linear_rows(b: int = 16, n: int = 512, r: int = 4) -> tuple[Any, Any, Any, int, int]:
+    """Rows of a linear problem, and the order in which one rank at batch ``r*b`` sees
+    exactly the rows ``r`` ranks at batch ``b`` see together at each step: rank j reads
+    rows [j*n/r, (j+1)*n/r) in order, so step k holds block k of every rank's part."""
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(n, 4)).astype("float32")
+    y = (x @ np.array([1.0, -2.0, 0.5, 3.0]) + 0.1).astype("float32")
+    part = n // r
+    order = np.concatenate([np.concatenate([np.arange(j * part + k * b, j * part + (k + 1) * b)
+                                            for j in range(r)]) for k in range(part // b)])  # fmt: skip
+    return x, y, order, b, r
 
 
 def _rank_processes(pids: list[int]) -> list[int]:
