@@ -128,6 +128,12 @@ def test_in_memory_and_streaming_feeds_give_the_same_batches(spark, cache_dir, s
         assert len(got) == len(expected)
         for a, b in zip(got, expected, strict=True):
             np.testing.assert_array_equal(a, b)
+    # The framework-free in-memory feed (hvdrunner.torch's default) too, features included.
+    mem, stream = data.batches(64, in_memory=True, **kw), data.batches(64, **kw)
+    for _ in range(2 * steps + 1):
+        a, b = next(mem), next(stream)
+        np.testing.assert_array_equal(a["row"], b["row"])
+        np.testing.assert_array_equal(a["x"], b["x"])
     assert len(set(np.concatenate(expected[:steps]).tolist())) == 501  # every row once
 
 

@@ -61,6 +61,7 @@ class TrainingSettings:
     backward_passes_per_step: int = 1
     fusion_threshold_mb: float | None = None
     cycle_time_ms: float | None = None
+    in_memory: bool | None = None  # None: keep the shard in memory when it fits the budget
 
     def __post_init__(self) -> None:
         for name in ("epochs", "batch_size", "checkpoint_every", "keep_checkpoints"):
@@ -81,6 +82,10 @@ class TrainingSettings:
                 f"{self.compression!r}"
             )
         check_passes(self.backward_passes_per_step)
+        if self.in_memory not in (None, True, False):
+            raise ValueError(
+                f"in_memory must be None (auto), True or False, got {self.in_memory!r}"
+            )
         for name in ("fusion_threshold_mb", "cycle_time_ms"):
             value = getattr(self, name)
             if value is not None and (

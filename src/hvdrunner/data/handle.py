@@ -93,16 +93,37 @@ class PreparedData:
         cur_shard: int | None = None,
         shard_count: int | None = None,
         first_epoch: int = 0,
+        in_memory: bool | None = False,
     ) -> Iterator[dict[str, Any]]:
         """Endless numpy batches ``{column: array}`` of this rank's shard (framework-free).
 
         ``first_epoch`` (e.g. Keras' ``initial_epoch`` after a resume) picks up the per-epoch
-        shuffle order where an uninterrupted run would be.
+        shuffle order where an uninterrupted run would be. ``in_memory``: decode the shard
+        once and gather each batch from memory (``None``: when :meth:`shard_bytes` fits the
+        budget, as in :meth:`tf_dataset`); both give the same batches.
         """
-        shard, _, pieces = self._shard(batch_size, cur_shard, shard_count)
+        shard, count, pieces = self._shard(batch_size, cur_shard, shard_count)
+        if in_memory is None:
+            in_memory = self.shard_bytes(count) <= _memory_budget()
+        if in_memory:
+            return self._memory_batches(pieces, batch_size, shuffle, seed, shard, first_epoch)
         return iter_batches(
             self.local_path, pieces, self.columns, batch_size, shuffle, seed, shard, first_epoch
         )
+
+    def _memory_batches(
+        self, pieces: list[Piece], batch_size: int, shuffle: bool, seed: int, shard: int,
+        first_epoch: int,
+    ) -> Iterator[dict[str, Any]]:  # fmt: skip
+        lengths = [p.stop - p.start for p in pieces]
+        arrays = load_shard(self.local_path, pieces, self.columns)
+        epoch = first_epoch
+        while True:
+            idx = epoch_indices(lengths, batch_size, shuffle, seed, shard, epoch)
+            for lo in range(0, len(idx), batch_size):
+                rows = idx[lo : lo + batch_size]
+                yield {k: v[rows] for k, v in arrays.items()}  # a fresh, writable copy
+            epoch += 1
 
     def shard_bytes(self, num_ranks: int | None = None) -> int:
         """Decoded size of one rank's shard in memory (what ``in_memory=True`` holds)."""

@@ -37,14 +37,9 @@ class FitConfig(TrainingSettings):
     metrics: tuple[Any, ...] = ()
     verbose: int = 2
     callbacks: tuple[Any, ...] = field(default=())
-    in_memory: bool | None = None
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        if self.in_memory not in (None, True, False):
-            raise ValueError(
-                f"in_memory must be None (auto), True or False, got {self.in_memory!r}"
-            )
         if isinstance(self.optimizer, str) and self.optimizer.lower() not in _OPTIMIZERS:
             raise ValueError(
                 f"optimizer={self.optimizer!r} is not one of {_OPTIMIZERS}; pass one of those or "

@@ -66,6 +66,9 @@ def fit(
     ``"bce_with_logits"`` or a callable ``(output, target) -> scalar tensor``.
     ``optimizer``: ``"adam"``, ``"sgd"``, ``"adamw"``, ``"rmsprop"`` or ``(params, lr) ->
     torch.optim.Optimizer``. ``metrics``: ``"accuracy"`` or callables like the loss.
+    ``in_memory``: as in :func:`hvdrunner.torch.batches` (``None`` = keep the shard in
+    memory when it fits). ``num_threads``: torch CPU threads per rank (``None``: the host's
+    cores shared out between its ranks).
 
     Example:
         >>> result = HorovodRunner(np=2).run(  # doctest: +SKIP

@@ -46,6 +46,7 @@ def batches(
     seed: int = 0,
     first_epoch: int = 0,
     device: Any = None,
+    in_memory: bool | None = None,
 ) -> Iterator[Any]:
     """Endless batches of this rank's shard of ``data`` as tensors on ``device``.
 
@@ -53,12 +54,16 @@ def batches(
     columns; ``y`` the label) or ``x`` alone without a label. One epoch is
     ``data.steps_per_epoch(batch_size)`` batches, the same on every rank; each epoch has its
     own shuffle order (from ``seed``), and ``first_epoch`` resumes that order where an
-    uninterrupted job would be.
+    uninterrupted job would be. ``in_memory`` (``None``: when the shard fits the memory
+    budget): decode the shard once, then gather each batch from memory - what a bare loop
+    over tensors in memory does; otherwise pieces stream from disk every epoch.
 
     Example:
         >>> it = batches(data, 32, first_epoch=3)          # doctest: +SKIP
     """
-    for batch in data.batches(batch_size, shuffle=shuffle, seed=seed, first_epoch=first_epoch):
+    feed = data.batches(batch_size, shuffle=shuffle, seed=seed, first_epoch=first_epoch,
+                        in_memory=in_memory)  # fmt: skip
+    for batch in feed:
         yield to_tensors(data.structure(batch), device)
 
 

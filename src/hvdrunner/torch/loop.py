@@ -83,7 +83,7 @@ class Trainer:
         """Epochs ``initial_epoch..epochs-1``; the averaged history and a few input rows."""
         cfg = self.cfg
         feed = batches(data, cfg.batch_size, shuffle=cfg.shuffle, seed=cfg.seed,
-                       first_epoch=initial_epoch, device=self.device)  # fmt: skip
+                       first_epoch=initial_epoch, device=self.device, in_memory=cfg.in_memory)  # fmt: skip
         val = self._validation_feed(validation)
         history: dict[str, list[float]] = {}
         example = None
@@ -106,7 +106,9 @@ class Trainer:
         if validation is None:
             return None
         vb = min(self.cfg.batch_size, validation.rows_per_rank())
-        feed = batches(validation, vb, shuffle=False, device=self.device)
+        feed = batches(
+            validation, vb, shuffle=False, device=self.device, in_memory=self.cfg.in_memory
+        )
         return feed, validation.steps_per_epoch(vb)
 
     def _set_lr(self, epoch: float) -> None:
