@@ -1,4 +1,5 @@
-"""Style is part of the suite: ruff (configured in pyproject.toml) must be clean."""
+"""Style is part of the suite: ruff and mypy (configured in pyproject.toml) must be clean,
+on the TensorFlow stacks and, with torch's real types, on the torch stack."""
 
 from __future__ import annotations
 
@@ -6,10 +7,14 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def test_ruff_check_is_clean():
+@pytest.mark.parametrize("stack", [
+    "tensorflow", pytest.param("torch", marks=pytest.mark.torch)])  # fmt: skip
+def test_ruff_check_is_clean(stack):
     proc = subprocess.run(
         [sys.executable, "-m", "ruff", "check", "src", "tests", "benchmarks", "scripts"],
         cwd=ROOT,
@@ -19,7 +24,9 @@ def test_ruff_check_is_clean():
     assert proc.returncode == 0, proc.stdout + proc.stderr
 
 
-def test_mypy_is_clean():
+@pytest.mark.parametrize("stack", [
+    "tensorflow", pytest.param("torch", marks=pytest.mark.torch)])  # fmt: skip
+def test_mypy_is_clean(stack):
     # Full type hints are a house rule; mypy (configured in pyproject.toml) holds us to it.
     proc = subprocess.run([sys.executable, "-m", "mypy"], cwd=ROOT, capture_output=True, text=True)
     assert proc.returncode == 0, proc.stdout + proc.stderr
