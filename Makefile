@@ -52,11 +52,15 @@ lint: $(STAMP)
 	$(VENV)/bin/mypy
 
 bench: $(STAMP)        ## every benchmark on $(STACK); results in benchmarks/results/*-$(STACK).json
+ifeq ($(STACK),torch)
+	$(PY) benchmarks/torch_comparison.py   # fit vs bare horovod.torch; vs TorchDistributor
+else
 	$(PY) benchmarks/launch_overhead.py
 	$(PY) benchmarks/data_throughput.py
 	$(PY) benchmarks/scaling.py
 	$(PY) benchmarks/knobs_accuracy.py
 	$(PY) benchmarks/multihost.py      # needs root: two hosts in network namespaces
+endif
 
 clean-env:
 	rm -rf $(VENV)
