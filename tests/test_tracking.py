@@ -227,3 +227,38 @@ def test_mlflow_run_against_a_server_that_is_down_fails_fast_naming_the_uri():
         assert mlflow.active_run() is None
     finally:
         mlflow.set_tracking_uri(previous)
+
+
+def never_runs() -> None:
+    raise AssertionError("no rank may start when rank 0 could not log")
+
+
+@pytest.mark.parametrize("where", ["another-store", "server-down"])
+def test_an_active_run_the_ranks_cannot_reach_is_refused_before_launch(store, tmp_path, where):
+    # The notebook's run lives in one store; the tracking URI now points elsewhere (changed
+    # after start_run, or its server is down): rank 0 would fail only after training.
+    import socket
+    import time
+
+    from hvdrunner.errors import TrackingError
+
+    if where == "another-store":
+        other = f"sqlite:///{tmp_path / 'other.db'}"
+    else:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            other = f"http://127.0.0.1:{s.getsockname()[1]}"
+    home = mlflow.get_tracking_uri()
+    with mlflow.start_run() as run:
+        mlflow.set_tracking_uri(other)
+        started = time.monotonic()
+        try:
+            with pytest.raises(TrackingError) as info:
+                HorovodRunner(np=-2).run(never_runs)
+        finally:
+            mlflow.set_tracking_uri(home)
+    elapsed = time.monotonic() - started
+    message = str(info.value)
+    assert message.startswith(f"the active MLflow run {run.info.run_id} is not reachable")
+    assert other in message and "mlflow.set_tracking_uri" in message
+    assert elapsed < 30  # one bounded try, not MLflow's minutes of retries

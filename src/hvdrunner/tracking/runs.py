@@ -41,6 +41,7 @@ def driver_context() -> dict[str, str]:
     run = mlflow.active_run()
     if run is None:
         return {}
+    _check_run_in_store(run.info.run_id, mlflow.get_tracking_uri())
     env = {
         "MLFLOW_TRACKING_URI": mlflow.get_tracking_uri(),
         "MLFLOW_REGISTRY_URI": mlflow.get_registry_uri(),
@@ -113,6 +114,24 @@ def _bounded_http() -> Iterator[None]:
                 os.environ.pop(k, None)
             else:
                 os.environ[k] = v
+
+
+def _check_run_in_store(run_id: str, uri: str) -> None:
+    """The active run must be in the store the ranks will write to: checked once, bounded,
+    before launch - not found by rank 0 after training (then its work would be lost)."""
+    from mlflow import MlflowClient
+
+    try:
+        with _bounded_http():
+            MlflowClient(tracking_uri=uri).get_run(run_id)
+    except Exception as exc:  # noqa: BLE001 - MLflow raises many types for one cause
+        raise TrackingError(
+            f"the active MLflow run {run_id} is not reachable in the tracking store at {uri} "
+            f"({type(exc).__name__}: {str(exc)[:200]}): rank 0 could not log into it. Check "
+            f"that the server is up; if the tracking URI changed after mlflow.start_run(), "
+            f"set it back (mlflow.set_tracking_uri) or end that run and start one in the "
+            f"new store."
+        ) from exc
 
 
 def mark_failed(error_summary: str, secrets: list[str]) -> None:
