@@ -82,3 +82,22 @@ def test_the_core_imports_no_framework():
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"
+
+
+def test_metric_averaging_reduces_the_sorted_scalars_in_one_call():
+    from hvdrunner.core.metrics import average
+
+    calls = []
+
+    def allreduce(values):  # a stand-in for 2 ranks whose other rank holds zeros
+        calls.append(values.copy())
+        return values / 2
+
+    logs = {"val_loss": 4.0, "loss": 2.0, "accuracy": np.float32(1.0), "confusion": [[1, 2]]}
+    assert average(logs, size=2, allreduce=allreduce) == {"accuracy": 0.5, "loss": 1.0,
+                                                          "val_loss": 2.0}  # fmt: skip
+    assert len(calls) == 1 and calls[0].dtype == np.float64
+    np.testing.assert_array_equal(calls[0], [1.0, 2.0, 4.0])  # sorted by name: same on every rank
+    assert average(logs, size=1, allreduce=allreduce) == {"accuracy": 1.0, "loss": 2.0,
+                                                          "val_loss": 4.0}  # fmt: skip
+    assert len(calls) == 1  # one rank: no collective

@@ -11,6 +11,7 @@ from typing import Any
 
 import numpy as np
 
+from hvdrunner.core import metrics
 from hvdrunner.core.sync import check_fingerprints, weight_fingerprint
 from hvdrunner.keras import compat
 from hvdrunner.keras.optimizer import variable_key
@@ -48,18 +49,18 @@ def broadcast_model(model: Any, root_rank: int = 0, exclude: set[int] | None = N
 def average_metrics(logs: dict[str, Any]) -> dict[str, float]:
     """Average scalar Keras logs over all ranks (a collective: every rank must call it).
 
-    One allreduce for all keys, in sorted order (identical on every rank). Idempotent:
-    averaging equal values changes nothing, so several averaging callbacks are harmless.
+    One allreduce for all keys, in sorted order (identical on every rank); the rule is
+    :func:`hvdrunner.core.metrics.average`'s. Idempotent, so several averaging callbacks
+    are harmless.
     """
     import horovod.tensorflow as hvd
     import tensorflow as tf
 
-    keys = sorted(k for k, v in logs.items() if np.ndim(v) == 0)
-    if not keys or hvd.size() == 1:
-        return {k: float(logs[k]) for k in keys}
-    values = tf.constant([float(logs[k]) for k in keys], dtype=tf.float64)
-    averaged = hvd.allreduce(values, op=hvd.Average, name="hvdrunner.metric_average").numpy()
-    return dict(zip(keys, (float(v) for v in averaged), strict=True))
+    def allreduce(values: np.ndarray) -> np.ndarray:
+        out = hvd.allreduce(tf.constant(values), op=hvd.Average, name="hvdrunner.metric_average")
+        return np.asarray(out.numpy())
+
+    return metrics.average(logs, hvd.size(), allreduce)
 
 
 def check_in_sync(model: Any, rtol: float = 1e-6) -> None:

@@ -20,6 +20,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from hvdrunner.core import metrics as core_metrics
 from hvdrunner.core.sync import check_fingerprints, weight_fingerprint
 
 SYNC_FIX = (
@@ -84,15 +85,18 @@ def broadcast_state(model: torch.nn.Module, optimizer: Any = None, root_rank: in
 def average_metrics(metrics: Mapping[str, float]) -> dict[str, float]:
     """Average scalar metrics over all ranks in one allreduce (a collective: every rank calls).
 
-    Keys are reduced in sorted order, identical on every rank.
+    Keys are reduced in sorted order, identical on every rank
+    (:func:`hvdrunner.core.metrics.average`).
     """
     hvd = _hvd()
-    keys = sorted(metrics)
-    if not keys or hvd.size() == 1:
-        return {k: float(metrics[k]) for k in keys}
-    values = torch.tensor([float(metrics[k]) for k in keys], dtype=torch.float64)
-    averaged = hvd.allreduce(values, op=hvd.Average, name="hvdrunner.metric_average")
-    return dict(zip(keys, (float(v) for v in averaged.tolist()), strict=True))
+
+    def allreduce(values: np.ndarray) -> np.ndarray:
+        out = hvd.allreduce(
+            torch.from_numpy(values), op=hvd.Average, name="hvdrunner.metric_average"
+        )
+        return np.asarray(out.numpy())
+
+    return core_metrics.average(metrics, hvd.size(), allreduce)
 
 
 def check_in_sync(model: torch.nn.Module, rtol: float = 1e-6) -> None:
