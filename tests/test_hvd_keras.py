@@ -131,9 +131,10 @@ def test_distributed_optimizer_two_ranks_of_b_equal_one_rank_of_2b():
     assert not np.allclose(np.array(w2[0]), 0.0)
 
 
-def sgd_accumulating(batch: int, lr: float, passes: int) -> dict:
-    """hvd_keras.DistributedOptimizer(backward_passes_per_step=passes), Horovod's default
-    (local gradients summed): rank r trains on rows [64r, 64r+64) in order, 2 epochs."""
+def sgd_accumulating(batch: int, lr: float, passes: int, average: bool = False) -> dict:
+    """hvd_keras.DistributedOptimizer(backward_passes_per_step=passes), local gradients
+    summed (Horovod's default) or averaged (``average_aggregated_gradients=True``): rank r
+    trains on rows [64r, 64r+64) in order, 2 epochs."""
     import tensorflow as tf
 
     import hvdrunner.hvd_keras as hvd
@@ -146,7 +147,8 @@ def sgd_accumulating(batch: int, lr: float, passes: int) -> dict:
     tf.keras.utils.set_random_seed(7)
     model = tf.keras.Sequential([tf.keras.Input(shape=(4,)), tf.keras.layers.Dense(1)])
     initial = [w.tolist() for w in model.get_weights()]
-    opt = hvd.DistributedOptimizer(tf.keras.optimizers.SGD(lr), backward_passes_per_step=passes)
+    opt = hvd.DistributedOptimizer(tf.keras.optimizers.SGD(lr), backward_passes_per_step=passes,
+                                   average_aggregated_gradients=average)  # fmt: skip
     model.compile(optimizer=opt, loss="mse")
     model.fit(
         x[mine], y[mine], batch_size=batch, epochs=2, shuffle=False, verbose=0,
@@ -162,13 +164,15 @@ def sgd_accumulating(batch: int, lr: float, passes: int) -> dict:
 
 
 @pytest.mark.timeout(300)
-def test_backward_passes_per_step_sums_local_batches_then_exchanges_once():
+@pytest.mark.parametrize("average,factor", [(False, 2), (True, 1)], ids=["summed", "averaged"])
+def test_backward_passes_per_step_sums_local_batches_then_exchanges_once(average, factor):
     # backward_passes_per_step=2 on 2 ranks with batch 8: each update sums 2 local batch
     # gradients (Horovod's default) and averages over ranks, i.e. 2 x the mean gradient of
-    # the 32 rows of both ranks' 2 passes. Checked against plain numpy SGD on those rows.
+    # the 32 rows of both ranks' 2 passes; average_aggregated_gradients=True alone makes it
+    # 1 x that mean. Checked against plain numpy SGD on those rows.
     from helpers.sgd_reference import linear_sgd
 
-    out = HorovodRunner(np=-2).run(sgd_accumulating, batch=8, lr=0.025, passes=2)
+    out = HorovodRunner(np=-2).run(sgd_accumulating, batch=8, lr=0.025, passes=2, average=average)
     x, y = np.array(out["x"]), np.array(out["y"])
     updates = (
         [  # passes 2u, 2u+1 of rank 0 (rows 0..63) and of rank 1 (rows 64..127)
@@ -176,7 +180,7 @@ def test_backward_passes_per_step_sums_local_batches_then_exchanges_once():
         ]
         * 2
     )  # 2 epochs, same order (no shuffle)
-    w, b = linear_sgd(*map(np.array, out["initial"]), x, y, updates, lr=2 * 0.025)
+    w, b = linear_sgd(*map(np.array, out["initial"]), x, y, updates, lr=factor * 0.025)
     for rank_weights in out["final"]:
         np.testing.assert_allclose(np.array(rank_weights[0]), w, atol=1e-5, rtol=0)
         np.testing.assert_allclose(np.array(rank_weights[1]), b, atol=1e-5, rtol=0)

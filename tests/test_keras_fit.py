@@ -460,7 +460,7 @@ def test_the_callback_names_are_the_classes_module_s_and_real_keras_callbacks():
         assert issubclass(cls, compat.tf_keras().callbacks.Callback)
 
 
-def fit_recording_lr(**kwargs):
+def fit_recording_lr(callbacks_before=(), **kwargs):
     import numpy as np
 
     from hvdrunner.keras import compat
@@ -471,7 +471,7 @@ def fit_recording_lr(**kwargs):
         def on_train_batch_begin(self, batch, logs=None):  # after fit's warmup set it
             seen.append(float(np.asarray(self.model.optimizer.learning_rate)))
 
-    result = fit(callbacks=[Record()], **kwargs)
+    result = fit(callbacks=[*callbacks_before, Record()], **kwargs)
     return result, seen
 
 
@@ -492,6 +492,36 @@ def test_warmup_ramps_the_learning_rate_per_batch_to_the_scaled_rate(digits):
     ]  # fmt: skip
     np.testing.assert_allclose(seen, expected, rtol=1e-5)
     assert seen[0] == pytest.approx(0.01) and seen[-1] == pytest.approx(0.02)  # 1/size -> 1
+
+
+def fit_recording_scheduled_lr(staircase: bool, **kwargs):
+    """fit with Horovod's LearningRateScheduleCallback (hvd_keras), built in the rank."""
+    import hvdrunner.hvd_keras as hvd
+
+    if staircase:  # x0.5 for epoch 1 only; outside [start, end) the rate is left alone
+        sched = hvd.callbacks.LearningRateScheduleCallback(
+            initial_lr=0.02, multiplier=0.5, start_epoch=1, end_epoch=2)  # fmt: skip
+    else:  # per batch: 0.02 / (1 + fractional epoch)
+        sched = hvd.callbacks.LearningRateScheduleCallback(
+            initial_lr=0.02, multiplier=lambda e: 1.0 / (1.0 + e), staircase=False)  # fmt: skip
+    return fit_recording_lr(callbacks_before=[sched], **kwargs)
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("staircase", [True, False], ids=["staircase", "per-batch"])
+def test_the_lr_schedule_callback_sets_the_rates_horovod_would(digits, staircase):
+    data, _, _ = digits
+    result, seen = HorovodRunner(np=-2).run(
+        fit_recording_scheduled_lr, staircase=staircase, build_model=build_mlp, data=data,
+        epochs=3, batch_size=64, learning_rate=0.01, optimizer="sgd", log_model=False,
+        loss="sparse_categorical_crossentropy",
+    )  # fmt: skip
+    steps = result.steps_per_epoch
+    if staircase:  # epoch 0 at fit's scaled rate (0.01 x 2), then 0.01, kept after end_epoch
+        expected = [0.02] * steps + [0.01] * steps + [0.01] * steps
+    else:
+        expected = [0.02 / (1 + e + b / steps) for e in range(3) for b in range(steps)]
+    np.testing.assert_allclose(seen, expected, rtol=1e-5)
 
 
 @pytest.mark.timeout(300)
