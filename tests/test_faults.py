@@ -54,6 +54,25 @@ def rank0_returns_a_lock() -> object:
     return threading.Lock()  # rank 1's value is never sent; rank 0's cannot be pickled
 
 
+def rank1_dies(how: str, stamp: str) -> None:
+    """Both ranks in collectives; then rank 1 fails ``how``, noting the moment first."""
+    import horovod.tensorflow as hvd
+    import tensorflow as tf
+
+    hvd.init()
+    hvd.allreduce(tf.constant(1.0), name="both_up")
+    if hvd.rank() == 1:
+        with open(stamp, "w") as f:
+            f.write(repr(time.time()))
+        if how == "raise":
+            raise ValueError("boom on rank 1")
+        if how == "exit":
+            os._exit(3)
+        os.kill(os.getpid(), {"segfault": signal.SIGSEGV, "sigkill": signal.SIGKILL}[how])
+    while True:  # rank 0 waits in allreduce for rank 1: without the abort, forever
+        hvd.allreduce(tf.constant(1.0))
+
+
 def sleeps(seconds: float) -> None:
     time.sleep(seconds)
 
@@ -132,6 +151,30 @@ def test_a_stalled_collective_fails_naming_the_rank_that_did_not_join(request, n
     assert "stall_timeout=8s" in message and info.value.rank == 1
     assert elapsed < 8 + 45  # the bound, plus TF imports and the watchdog's period
     _no_spark_job_left(request, np_)
+
+
+#: README, "Failure semantics": a failed rank ends the job in ~1-3 s. Asserted with room
+#: for this shared 2-core machine.
+RANK_FAILURE_BOUND_S = 5.0
+
+
+@pytest.mark.timeout(180)
+@pytest.mark.parametrize(
+    "how,says",
+    [("raise", "Rank 1 failed with ValueError: boom on rank 1"), ("exit", "exit code 3"),
+     ("segfault", "SIGSEGV"), ("sigkill", "SIGKILL")],
+    ids=["raise", "exit-3", "segfault", "sigkill"],
+)  # fmt: skip
+def test_every_way_a_rank_fails_ends_the_spark_job_within_the_bound(spark, request, tmp_path,
+                                                                    how, says):  # fmt: skip
+    stamp = tmp_path / "failed-at"
+    with pytest.raises(HorovodRunnerError) as info:
+        HorovodRunner(np=2).run(rank1_dies, how=how, stamp=str(stamp))
+    elapsed = time.time() - float(stamp.read_text())
+    err = info.value
+    assert err.rank == 1 and says in str(err)
+    assert elapsed < RANK_FAILURE_BOUND_S, f"{how}: the job took {elapsed:.1f} s to fail"
+    _no_spark_job_left(request, 2)  # the barrier job was cancelled
 
 
 def test_overall_timeout_stops_the_job():
