@@ -288,6 +288,66 @@ def test_local_variables_keep_their_own_values_and_gradients(module):
     assert not np.allclose(heads[1], initial[1])  # and it trained
 
 
+def collective_names(hvd_module: str) -> list:
+    """Each name user code takes from the Horovod Keras module, called as Horovod documents
+    it, on 2 ranks (rank r holds [r+1, 2(r+1)]); names the module lacks are reported."""
+    import tensorflow as tf
+
+    hvd = importlib.import_module(hvd_module)
+    hvd.init()
+    r = hvd.rank()
+    x = tf.constant([float(r + 1), 2.0 * (r + 1)])
+
+    def values(a):  # Horovod's Keras collectives return numpy values, not tensors
+        return np.asarray(a).tolist()
+
+    def broadcast_variables():
+        v = tf.Variable([float(r)])
+        hvd.broadcast_variables([v], root_rank=1)
+        return values(v.numpy())
+
+    calls = {  # name the module must have -> the call
+        "topology": ("cross_size", lambda: [hvd.size(), hvd.local_rank() == r, hvd.local_size(),
+                                            hvd.cross_rank(), hvd.cross_size(), hvd.is_initialized()]),
+        "allreduce": ("allreduce", lambda: values(hvd.allreduce(x))),  # Average by default
+        "allreduce_sum": ("allreduce", lambda: values(hvd.allreduce(x, op=hvd.Sum))),
+        "allgather": ("allgather", lambda: values(hvd.allgather(tf.constant([[float(r)]])))),
+        "broadcast": ("broadcast", lambda: values(hvd.broadcast(x, root_rank=1))),
+        "broadcast_object": ("broadcast_object", lambda: hvd.broadcast_object({"r": r}, root_rank=1)),
+        "allgather_object": ("allgather_object", lambda: hvd.allgather_object(r)),
+        "build": ("gloo_built", lambda: [hvd.gloo_built(), hvd.mpi_built(), hvd.nccl_built()]),
+        "broadcast_variables": ("broadcast_variables", broadcast_variables),
+    }  # fmt: skip
+    out = {name: call() if hasattr(hvd, attr) else "absent" for name, (attr, call) in calls.items()}
+    import horovod.tensorflow as hvd_tf
+
+    everyone = hvd_tf.allgather_object(out)
+    hvd.shutdown()
+    return [everyone, hvd.is_initialized()]
+
+
+#: What Horovod 0.28.1 answers on 2 driver-process ranks of one host, for every rank.
+HOROVOD_ANSWERS = {
+    "topology": [2, True, 2, 0, 1, True], "allreduce": [1.5, 3.0], "allreduce_sum": [3.0, 6.0],
+    "allgather": [[0.0], [1.0]], "broadcast": [2.0, 4.0], "broadcast_object": {"r": 1},
+    "allgather_object": [0, 1], "build": [True, False, False], "broadcast_variables": [1.0],
+}  # fmt: skip
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("module", LOCAL_MODULES)
+def test_the_collectives_answer_what_horovod_answers(module):
+    everyone, initialized_after_shutdown = HorovodRunner(np=-2).run(collective_names,
+                                                                    hvd_module=module)  # fmt: skip
+    for rank, answers in enumerate(everyone):
+        for name, expected in HOROVOD_ANSWERS.items():
+            got = answers[name]
+            if module.startswith("horovod.") and got == "absent":
+                continue  # not in Horovod's Keras module (*_object, broadcast_variables): ours adds it
+            assert got == expected, f"{module} rank {rank}: {name} gave {got}"
+    assert initialized_after_shutdown is False
+
+
 def test_the_drop_in_names_and_signatures_follow_horovod():
     import inspect
 
