@@ -123,26 +123,29 @@ def _mm(version: str) -> tuple[int, int]:
     return int(parts[0]), int("".join(c for c in parts[1] if c.isdigit()) or 0)
 
 
+def _framework_checks(tf: str | None, torch: str | None) -> list[Check]:
+    """TensorFlow or torch (the torch stack has no TF): at least one must be there."""
+    return [
+        Check("tensorflow", tf is not None if torch is None else (tf is not None or None),
+              tf or "not installed", "install a supported stack: make env STACK=modern (or "
+              "STACK=lts, or STACK=torch for PyTorch)", required=torch is None),
+        Check("torch", True if torch else None, torch or "not installed (optional: "
+              "hvdrunner.torch and horovod.torch need it)", required=False),
+    ]  # fmt: skip
+
+
 def evaluate_stack(
     versions: dict[str, str | None], env: dict[str, str] | None = None
 ) -> list[Check]:
-    """Version compatibility of either supported stack. Pure: tests feed it fake versions.
+    """Version compatibility of every supported stack. Pure: tests feed it fake versions.
 
-    lts (TF 2.15, Keras 2, numpy < 2, petastorm with pyarrow < 15) and modern (TF >= 2.16,
-    Keras 3 or tf_keras mode, no petastorm) both pass; mixes that break training fail.
+    lts (TF 2.15, Keras 2, numpy < 2, petastorm with pyarrow < 15), modern (TF >= 2.16,
+    Keras 3 or tf_keras mode, no petastorm) and torch (no TF) pass; mixes that break
+    training fail.
     """
     env = dict(os.environ if env is None else env)
-    checks: list[Check] = []
-    tf, torch = versions.get("tensorflow"), versions.get("torch")
-    checks.append(
-        Check("tensorflow", tf is not None if torch is None else (tf is not None or None),
-              tf or "not installed", "install a supported stack: make env STACK=modern (or "
-              "STACK=lts, or STACK=torch for PyTorch)", required=torch is None)
-    )  # fmt: skip
-    checks.append(
-        Check("torch", True if torch else None, torch or "not installed (optional: "
-              "hvdrunner.torch and horovod.torch need it)", required=False)
-    )  # fmt: skip
+    tf = versions.get("tensorflow")
+    checks = _framework_checks(tf, versions.get("torch"))
     modern = tf is not None and _mm(tf) >= (2, 16)
     legacy = env.get("TF_USE_LEGACY_KERAS", "").strip().lower() in ("1", "true", "yes")
     keras, tfk = versions.get("keras"), versions.get("tf_keras")
