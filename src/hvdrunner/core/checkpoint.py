@@ -26,6 +26,7 @@ from typing import Any
 
 from hvdrunner import _paths
 from hvdrunner._logging import get_logger
+from hvdrunner.distributed import is_rank0
 from hvdrunner.errors import CheckpointError
 
 STATE = "state.json"
@@ -174,6 +175,19 @@ class CheckpointDir:
             f"model/optimizer: {detail}. It was written by a different model; point "
             f"checkpoint_dir at a new directory (or delete {self.root}) to start over."
         )
+
+
+def resume(store: Any, model: Any, optimizer: Any, broadcast_object: Callable[..., Any]) -> int:
+    """Rank 0 restores the newest intact checkpoint of ``store`` (an adapter's store with
+    ``latest()`` and ``restore(path, model, optimizer)``, or ``None``); every rank returns
+    the epoch to start at, from rank 0 (``broadcast_object``: the framework's collective)."""
+    initial_epoch = 0
+    if store is not None and is_rank0():
+        latest = store.latest()
+        if latest is not None:
+            initial_epoch = store.restore(latest[1], model, optimizer)
+            _log.info(f"resuming after epoch {initial_epoch} from {latest[1]}")
+    return int(broadcast_object(initial_epoch, root_rank=0, name="hvdrunner.initial_epoch"))
 
 
 def _warn_skipped(skipped: list[str], then: str) -> None:

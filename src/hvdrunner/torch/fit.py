@@ -16,9 +16,8 @@ from typing import Any
 import torch
 
 from hvdrunner import tracking
-from hvdrunner._logging import get_logger
 from hvdrunner.core import schedule
-from hvdrunner.core.checkpoint import check_dir
+from hvdrunner.core.checkpoint import check_dir, resume
 from hvdrunner.core.settings import fit_signature, horovod_env
 from hvdrunner.distributed import is_rank0
 from hvdrunner.torch import collectives, loop
@@ -138,14 +137,7 @@ def _restore(cfg: FitConfig, model: Any, opt: Any, hvd: Any) -> tuple[Any, int]:
     store = (
         CheckpointStore(cfg.checkpoint_dir, cfg.keep_checkpoints) if cfg.checkpoint_dir else None
     )
-    initial_epoch = 0
-    if store is not None and is_rank0():
-        latest = store.latest()
-        if latest is not None:
-            initial_epoch = store.restore(latest[1], model, opt)
-            get_logger().info(f"resuming after epoch {initial_epoch} from {latest[1]}")
-    epoch = hvd.broadcast_object(initial_epoch, root_rank=0, name="hvdrunner.initial_epoch")
-    return store, int(epoch)
+    return store, resume(store, model, opt, hvd.broadcast_object)
 
 
 def _log_params(
