@@ -3,11 +3,8 @@ checkpoint resume after a SIGKILL, and the refusal of non-Keras models."""
 
 from __future__ import annotations
 
-import json
 import os
 import signal
-import subprocess
-import sys
 import time
 
 import mlflow
@@ -70,32 +67,15 @@ def test_two_rank_fit_reaches_accuracy_and_mlflow_agrees(digits, store):
         [m.value for m in sorted(logged, key=lambda m: m.step)], result.history["loss"], rtol=1e-6
     )
     # The logged model loads and predicts where neither horovod nor hvdrunner exists.
-    proc = subprocess.run(
-        [sys.executable, "-c", LOAD_WITHOUT_HOROVOD, mlflow.get_tracking_uri(), result.model_uri,
-         json.dumps(x_test[:20].tolist())],
-        capture_output=True, text=True, timeout=240,
-    )  # fmt: skip
-    lines = [line for line in proc.stdout.splitlines() if line.startswith("PRED ")]
-    assert proc.returncode == 0 and lines, proc.stdout[-2000:] + proc.stderr[-3000:]
+    from helpers.pyfunc_probe import predict_without_horovod
+
     expected = np.argmax(np.asarray(model.predict(x_test[:20])), axis=1).tolist()
-    assert json.loads(lines[0][5:]) == expected
+    assert predict_without_horovod(mlflow.get_tracking_uri(), result.model_uri,
+                                   x_test[:20].tolist()) == expected  # fmt: skip
     versions = mlflow.MlflowClient().search_model_versions("name='hvdrunner-digits'")
     assert [v.run_id for v in versions] == [run.info.run_id]
     params = mlflow.get_run(run.info.run_id).data.params
     assert params["num_ranks"] == "2" and params["scaled_learning_rate"] == "0.002"
-
-
-LOAD_WITHOUT_HOROVOD = """
-import json, sys
-import numpy as np
-sys.modules["horovod"] = None  # as if not installed: any import of it fails
-sys.modules["hvdrunner"] = None
-import mlflow
-mlflow.set_tracking_uri(sys.argv[1])
-model = mlflow.pyfunc.load_model(sys.argv[2])
-x = np.array(json.loads(sys.argv[3]), dtype="float32")
-print("PRED " + json.dumps(np.argmax(np.asarray(model.predict(x)), axis=1).tolist()))
-"""
 
 
 def fit_and_weights(**kwargs):

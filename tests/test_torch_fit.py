@@ -5,11 +5,8 @@ SIGKILL, the sync check and errors before launch. CPU only here (no GPU)."""
 from __future__ import annotations
 
 import functools
-import json
 import os
 import signal
-import subprocess
-import sys
 import time
 
 import mlflow
@@ -66,19 +63,6 @@ def rank_metric(out, y):
     return torch.tensor(float(os.environ["HOROVOD_RANK"]))
 
 
-LOAD_WITHOUT_HOROVOD = """
-import json, sys
-import numpy as np
-sys.modules["horovod"] = None  # as if not installed: any import of it fails
-sys.modules["hvdrunner"] = None
-import mlflow
-mlflow.set_tracking_uri(sys.argv[1])
-model = mlflow.pyfunc.load_model(sys.argv[2])
-x = np.array(json.loads(sys.argv[3]), dtype="float32")
-print("PRED " + json.dumps(np.argmax(np.asarray(model.predict(x)), axis=1).tolist()))
-"""
-
-
 @pytest.mark.timeout(300)
 def test_two_rank_fit_reaches_accuracy_and_mlflow_agrees(digits, store, tmp_path):
     import torch
@@ -102,14 +86,10 @@ def test_two_rank_fit_reaches_accuracy_and_mlflow_agrees(digits, store, tmp_path
     with torch.no_grad():
         pred = model(torch.tensor(x_test)).argmax(dim=1).numpy()
     assert float((pred == y_test).mean()) > 0.9  # held-out digits
-    proc = subprocess.run(
-        [sys.executable, "-c", LOAD_WITHOUT_HOROVOD, mlflow.get_tracking_uri(), result.model_uri,
-         json.dumps(x_test[:20].tolist())],
-        capture_output=True, text=True, timeout=240,
-    )  # fmt: skip
-    lines = [line for line in proc.stdout.splitlines() if line.startswith("PRED ")]
-    assert proc.returncode == 0 and lines, proc.stdout[-2000:] + proc.stderr[-3000:]
-    assert json.loads(lines[0][5:]) == pred[:20].tolist()
+    from helpers.pyfunc_probe import predict_without_horovod
+
+    assert predict_without_horovod(mlflow.get_tracking_uri(), result.model_uri,
+                                   x_test[:20].tolist()) == pred[:20].tolist()  # fmt: skip
     versions = client.search_model_versions("name='hvdrunner-torch-digits'")
     assert [v.run_id for v in versions] == [run.info.run_id]
     params = mlflow.get_run(run.info.run_id).data.params
