@@ -95,6 +95,17 @@ class TrainingSettings:
                     f"{name} must be a number >= 0 or None (Horovod's default), got {value!r}"
                 )
 
+    def run_params(self, size: int, lr: float, steps: int, rows: int) -> dict[str, Any]:
+        """The MLflow params every framework's fit logs (the adapter adds its own)."""
+        return {
+            "epochs": self.epochs, "batch_size_per_rank": self.batch_size, "num_ranks": size,
+            "learning_rate": self.learning_rate, "scaled_learning_rate": lr,
+            "warmup_epochs": self.warmup_epochs, "steps_per_epoch": steps, "rows": rows,
+            "compression": self.compression,
+            "backward_passes_per_step": self.backward_passes_per_step,
+            "fusion_threshold_mb": self.fusion_threshold_mb, "cycle_time_ms": self.cycle_time_ms,
+        }  # fmt: skip
+
 
 @dataclass(frozen=True)
 class FitResult:

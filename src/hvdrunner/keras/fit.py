@@ -192,13 +192,9 @@ def _log_params(
     cfg: FitConfig, size: int, lr: float, steps: int, rows: int, initial_epoch: int
 ) -> None:
     tracking.log_params(
-        {"epochs": cfg.epochs, "batch_size_per_rank": cfg.batch_size, "num_ranks": size,
-         "learning_rate": cfg.learning_rate, "scaled_learning_rate": lr,
-         "warmup_epochs": cfg.warmup_epochs, "optimizer": getattr(cfg.optimizer, "__name__", cfg.optimizer),
-         "steps_per_epoch": steps, "rows": rows, "compression": cfg.compression,
-         "backward_passes_per_step": cfg.backward_passes_per_step,
-         "fusion_threshold_mb": cfg.fusion_threshold_mb, "cycle_time_ms": cfg.cycle_time_ms,
-         "keras": f"{compat.mode()} {compat.keras_version()}"}
+        cfg.run_params(size, lr, steps, rows)
+        | {"optimizer": getattr(cfg.optimizer, "__name__", cfg.optimizer),
+           "keras": f"{compat.mode()} {compat.keras_version()}"}
     )  # fmt: skip
     # Changes on every resume of the same run: a tag, not a param (params are immutable).
     tracking.set_tags({"hvdrunner.initial_epoch": initial_epoch})

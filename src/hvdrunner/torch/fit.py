@@ -143,15 +143,13 @@ def _restore(cfg: FitConfig, model: Any, opt: Any, hvd: Any) -> tuple[Any, int]:
 def _log_params(
     cfg: FitConfig, size: int, lr: float, steps: int, rows: int, initial_epoch: int
 ) -> None:
+    loss = (
+        getattr(cfg.loss, "__name__", type(cfg.loss).__name__) if callable(cfg.loss) else cfg.loss
+    )
     tracking.log_params(
-        {"epochs": cfg.epochs, "batch_size_per_rank": cfg.batch_size, "num_ranks": size,
-         "learning_rate": cfg.learning_rate, "scaled_learning_rate": lr,
-         "warmup_epochs": cfg.warmup_epochs, "optimizer": getattr(cfg.optimizer, "__name__", cfg.optimizer),
-         "loss": getattr(cfg.loss, "__name__", type(cfg.loss).__name__) if callable(cfg.loss) else cfg.loss,
-         "steps_per_epoch": steps, "rows": rows, "compression": cfg.compression,
-         "backward_passes_per_step": cfg.backward_passes_per_step,
-         "fusion_threshold_mb": cfg.fusion_threshold_mb, "cycle_time_ms": cfg.cycle_time_ms,
-         "torch": torch.__version__}
+        cfg.run_params(size, lr, steps, rows)
+        | {"optimizer": getattr(cfg.optimizer, "__name__", cfg.optimizer), "loss": loss,
+           "torch": torch.__version__}
     )  # fmt: skip
     tracking.set_tags({"hvdrunner.initial_epoch": initial_epoch})
 
