@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import shutil
 import sys
 import time
 from collections.abc import Iterator
@@ -29,18 +30,56 @@ def _installed(dist: str) -> bool:
     return True
 
 
+#: Where each test runs (CI runs `make test` on every stack; README, "Tests"). A test runs
+#: where it adds information:
+#: - ``torch``-marked: the stacks with torch (the torch stack);
+#: - ``keras``-marked (Keras and TensorFlow behaviour): every TensorFlow stack (lts: Keras 2,
+#:   modern: Keras 3; `make test-tf-keras` again in tf_keras mode);
+#: - ``stacks("lts", ...)``: the stacks named - a test about what differs between them
+#:   (Spark 3.5 vs 4.1, pyarrow 14 vs 22, MLflow 2.13 vs 3.8, the stack's own horovod
+#:   build), or one half of a module split between them (the two-host cluster's name modes);
+#: - anything else is framework-independent (the launcher, the data layer, notebooks, the
+#:   bundle, faults): it runs once, on HOME_STACK, the default stack.
+#: The stack is the Makefile's ``STACK``; without it (a bare ``pytest``) or with
+#: ``HVDRUNNER_TESTS=all`` (``make test-all``) every test the installed frameworks allow runs.
+HOME_STACK = "modern"
+STACKS = ("lts", "modern", "torch")
+TF_STACKS = ("lts", "modern")
+
+
+def stacks_of(item: pytest.Item) -> tuple[str, ...]:
+    """The stacks a test runs on under `make test` (see above)."""
+    named = item.get_closest_marker("stacks")
+    if named is not None:
+        unknown = set(named.args) - set(STACKS)
+        if unknown or not named.args:
+            raise pytest.UsageError(f"{item.nodeid}: stacks{named.args} names no stack of {STACKS}")
+        return tuple(named.args)
+    if item.get_closest_marker("torch") is not None:
+        return ("torch",)
+    if item.get_closest_marker("keras") is not None:
+        return TF_STACKS
+    return (HOME_STACK,)
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Select by the stack's framework, decided by what is *installed*, never by an import.
+    """Select by the stack's framework, decided by what is *installed*, never by an import,
+    then (under `make test`) by where each test adds information (``stacks_of``).
 
     The torch stack (no TensorFlow) runs the tests marked ``torch`` and nothing else; the
     TensorFlow stacks (no torch) run everything else. A venv with both runs everything. A
     framework that is installed but broken is selected and so fails - it never skips.
     """
     has_tf, has_torch = _installed("tensorflow"), _installed("torch")
+    stack = os.environ.get("STACK", "")
+    if stack and stack not in STACKS:
+        raise pytest.UsageError(f"STACK={stack!r}: expected one of {STACKS}")
+    every = not stack or os.environ.get("HVDRUNNER_TESTS", "") == "all"
     keep, drop = [], []
     for item in items:
         is_torch = item.get_closest_marker("torch") is not None
-        (keep if (has_torch if is_torch else has_tf) else drop).append(item)
+        runs = (has_torch if is_torch else has_tf) and (every or stack in stacks_of(item))
+        (keep if runs else drop).append(item)
     if drop:
         config.hook.pytest_deselected(items=drop)
         items[:] = keep
@@ -48,7 +87,10 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 
 def pytest_report_header(config: pytest.Config) -> str:
     frameworks = [d for d in ("tensorflow", "torch") if _installed(d)]
-    return f"hvdrunner stack frameworks: {', '.join(frameworks) or 'none'}"
+    stack = os.environ.get("STACK", "")
+    scope = ("every test" if not stack or os.environ.get("HVDRUNNER_TESTS", "") == "all"
+             else f"the tests of stack {stack}")  # fmt: skip
+    return f"hvdrunner stack frameworks: {', '.join(frameworks) or 'none'}; running {scope}"
 
 
 @pytest.fixture(scope="session")
@@ -60,11 +102,26 @@ def spark() -> Iterator[object]:
     session.stop()
 
 
+@pytest.fixture(scope="session")
+def empty_mlflow_db(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """An MLflow sqlite database with every migration applied, made once per session.
+
+    Creating one runs MLflow's ~50 alembic migrations (3-6 s here); each test gets a copy
+    (0.2 s), so every test still has a store of its own.
+    """
+    import mlflow
+
+    path = tmp_path_factory.mktemp("mlflow-template") / "mlflow.db"
+    mlflow.MlflowClient(tracking_uri=f"sqlite:///{path}").search_experiments()
+    return path
+
+
 @pytest.fixture()
-def store(tmp_path: Path):
+def store(tmp_path: Path, empty_mlflow_db: Path):
     """A real MLflow sqlite store and experiment under tmp_path; yields (tmp_path, exp id)."""
     import mlflow
 
+    shutil.copyfile(empty_mlflow_db, tmp_path / "mlflow.db")
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     previous = mlflow.get_tracking_uri()
     mlflow.set_tracking_uri(uri)

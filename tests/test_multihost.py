@@ -7,7 +7,8 @@ hostname and /etc/hosts, one Spark standalone worker each; tests/helpers/netns_c
   where horovod 0.28.1 without hvdrunner's gloo interface patch aborts every rank.
 
 One cluster and one driver process per mode (tests/helpers/multihost_job.py) run every
-scenario; each test checks one. Needs root and iproute2, as CI has; skips only where
+scenario; each test checks one. Under `make test` the resolving mode runs on lts and the
+loopback mode on modern (MODES). Needs root and iproute2, as CI has; skips only where
 network namespaces cannot be made at all.
 """
 
@@ -73,7 +74,14 @@ def _need_namespaces() -> None:
         pytest.skip(why)
 
 
-@pytest.fixture(scope="module", params=["resolving", "loopback"])
+#: One cluster per name mode, each on one TensorFlow stack (tests/conftest.py): both modes
+#: run once for the Keras family; the loopback mode, where the gloo patch matters, on the
+#: default stack. A bare `pytest` (or `make test-all`) runs both here.
+MODES = [pytest.param("resolving", marks=pytest.mark.stacks("lts")),
+         pytest.param("loopback", marks=pytest.mark.stacks("modern"))]  # fmt: skip
+
+
+@pytest.fixture(scope="module", params=MODES)
 def job(request):
     _need_namespaces()
     results, cluster = _run_job(request.param)
