@@ -60,7 +60,13 @@ PYTHON="$PY" HVDRUNNER_HOROVOD_GPU=none bash "$ROOT/scripts/install_horovod.sh"
 
 say "stage 3/3: Spark, Arrow, MLflow, dev tools, hvdrunner ($REQ/stack.txt)"
 "${PIP[@]}" install -q -r "$REQ/stack.txt" -c "$REQ/framework.txt"
-"${PIP[@]}" install -q --no-deps -e "$ROOT"
+# The editable install writes src/hvdrunner.egg-info, shared by every stack's venv: one at a
+# time when stacks are set up side by side (.ci/run does).
+if command -v flock >/dev/null 2>&1; then
+  flock "${TMPDIR:-/tmp}/hvdrunner-editable-$(id -u).lock" "${PIP[@]}" install -q --no-deps -e "$ROOT"
+else
+  "${PIP[@]}" install -q --no-deps -e "$ROOT"
+fi
 
 say "pip check"
 "${PIP[@]}" check || die "pip check found conflicts in $VENV (see above)"

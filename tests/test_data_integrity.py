@@ -13,6 +13,10 @@ from hvdrunner import HorovodRunner, HorovodRunnerError
 from hvdrunner.data import prepare
 from hvdrunner.data.reader import CorruptDataError
 
+# Freshness and integrity read Spark's and pyarrow's metadata, which differ between the TF
+# stacks (tests/conftest.py).
+pytestmark = pytest.mark.stacks("lts", "modern")
+
 
 def _write_source(spark, path, n: int, mode: str = "overwrite", start: int = 0) -> None:
     from pyspark.sql import functions as F

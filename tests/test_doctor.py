@@ -7,6 +7,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 import hvdrunner
 from hvdrunner.doctor import evaluate_build, evaluate_stack
 
@@ -45,6 +47,7 @@ def _failed(checks):
     return [c for c in checks if c.ok is False and c.required]
 
 
+@pytest.mark.stacks("lts", "modern")  # the doctor checks the installed stack
 def test_doctor_passes_on_this_environment():
     proc = subprocess.run(
         [sys.executable, "-m", "hvdrunner", "doctor"], capture_output=True, text=True, timeout=300
