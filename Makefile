@@ -36,9 +36,9 @@ test: $(STAMP)        ## the tests that $(STACK) adds information to (tests/conf
 test-all: $(STAMP)    ## every test $(STACK)'s frameworks can run, framework-independent ones too
 	HVDRUNNER_TESTS=all $(PY) -m pytest $(PYTEST_ARGS)
 
-test-tf-keras: $(STAMP)  ## modern only: the Keras tests in tf_keras mode (TF_USE_LEGACY_KERAS=1)
+test-tf-keras: $(STAMP)  ## modern only: the mode-specific Keras tests in tf_keras mode (TF_USE_LEGACY_KERAS=1)
 	@[ "$(STACK)" = modern ] || { echo "test-tf-keras needs STACK=modern (tf_keras mode is TF >= 2.16)"; exit 2; }
-	TF_USE_LEGACY_KERAS=1 $(PY) -m pytest -m keras $(PYTEST_ARGS)
+	TF_USE_LEGACY_KERAS=1 $(PY) -m pytest -m keras_mode $(PYTEST_ARGS)
 
 env: $(STAMP)
 

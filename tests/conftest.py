@@ -34,7 +34,9 @@ def _installed(dist: str) -> bool:
 #: where it adds information:
 #: - ``torch``-marked: the stacks with torch (the torch stack);
 #: - ``keras``-marked (Keras and TensorFlow behaviour): every TensorFlow stack (lts: Keras 2,
-#:   modern: Keras 3; `make test-tf-keras` again in tf_keras mode);
+#:   modern: Keras 3); those also marked ``keras_mode`` (a code path that differs by Keras
+#:   mode: Horovod's Keras layer and the guard, model saving, checkpoint files, the
+#:   optimizer wrapper) again in tf_keras mode (`make test-tf-keras`);
 #: - ``stacks("lts", ...)``: the stacks named - a test about what differs between them
 #:   (Spark 3.5 vs 4.1, pyarrow 14 vs 22, MLflow 2.13 vs 3.8, the stack's own horovod
 #:   build), or one half of a module split between them (the two-host cluster's name modes);

@@ -12,7 +12,9 @@ import pytest
 
 from hvdrunner.keras.checkpoint import OPTIMIZER, STATE, WEIGHTS, CheckpointError, CheckpointStore
 
-pytestmark = pytest.mark.keras
+# Mode-specific (Horovod's Keras layer and the guard / model saving / checkpoint files):
+# also in tf_keras mode (make test-tf-keras).
+pytestmark = [pytest.mark.keras, pytest.mark.keras_mode]
 
 
 def compiled(width: int = 3):

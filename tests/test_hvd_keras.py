@@ -20,7 +20,9 @@ import pytest
 from hvdrunner import HorovodRunner, HorovodRunnerError
 from hvdrunner.keras import compat
 
-pytestmark = pytest.mark.keras
+# Mode-specific (Horovod's Keras layer and the guard / model saving / checkpoint files):
+# also in tf_keras mode (make test-tf-keras).
+pytestmark = [pytest.mark.keras, pytest.mark.keras_mode]
 
 MODE = compat.mode()
 # The one changed line of the migration, and only where Keras 3 needs it.

@@ -48,6 +48,7 @@ def build_mlp():
     )
 
 
+@pytest.mark.keras_mode  # the logged model's format differs by Keras mode
 @pytest.mark.timeout(300)
 def test_two_rank_fit_reaches_accuracy_and_mlflow_agrees(digits, store):
     data, x_test, y_test = digits
@@ -97,6 +98,7 @@ def build_linear():
     return tf.keras.Sequential([tf.keras.Input(shape=(4,)), tf.keras.layers.Dense(1)])
 
 
+@pytest.mark.keras_mode  # the optimizer wrapper over each Keras generation's optimizers
 @pytest.mark.timeout(300)
 def test_two_ranks_of_batch_b_equal_one_rank_of_batch_2b(spark, tmp_path):
     b, n = 16, 256
@@ -158,6 +160,7 @@ def fit_initial_and_final_weights(**kwargs):
     return grabbed
 
 
+@pytest.mark.keras_mode  # gradient aggregation in the optimizer wrapper, per generation
 @pytest.mark.timeout(300)
 def test_backward_passes_per_step_averages_local_batches(spark, tmp_path):
     # fit(backward_passes_per_step=2) on 2 ranks, batch 16: one update per 2 batches with
@@ -204,6 +207,7 @@ def fit_killing_rank1_after_epoch2(**kwargs):
     return fit(callbacks=[Kill()], **kwargs)
 
 
+@pytest.mark.keras_mode  # checkpoint files and optimizer state, per generation
 @pytest.mark.timeout(300)
 def test_resume_after_sigkill_continues_at_epoch_3(digits, store, tmp_path):
     data, _, _ = digits

@@ -39,8 +39,9 @@ SETUP_ERROR_BOUND_S = 60.0
 pytestmark = pytest.mark.multihost
 
 
-#: One two-host cluster at a time on this machine, whichever suite starts it (.ci/run runs
-#: two stacks' suites side by side): the lost-host bounds are asserted on an unshared machine.
+#: One two-host cluster at a time on this machine, whichever suite starts it (two stacks'
+#: suites may run at once): the lost-host bounds are asserted on a machine no other cluster
+#: shares.
 CLUSTER_LOCK = Path(tempfile.gettempdir()) / "hvdrunner-netns-cluster.lock"
 
 

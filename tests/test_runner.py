@@ -224,6 +224,7 @@ def fit_with_log_callback() -> None:
 
 
 @pytest.mark.keras
+@pytest.mark.keras_mode  # the callback's base class is the mode's Keras
 def test_log_callback_reaches_driver_in_log_callback_only_mode(capsys):
     HorovodRunner(np=-2, driver_log_verbosity="log_callback_only").run(fit_with_log_callback)
     out = capsys.readouterr().out.splitlines()

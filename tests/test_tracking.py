@@ -14,7 +14,9 @@ import pytest
 
 from hvdrunner import HorovodRunner, HorovodRunnerError, tracking
 
-pytestmark = pytest.mark.keras
+# Mode-specific (Horovod's Keras layer and the guard / model saving / checkpoint files):
+# also in tf_keras mode (make test-tf-keras).
+pytestmark = [pytest.mark.keras, pytest.mark.keras_mode]
 
 FAKE_TOKEN = "dapi-FAKE-TOKEN-0123456789abcdef"
 
