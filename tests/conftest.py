@@ -30,7 +30,7 @@ def _installed(dist: str) -> bool:
     return True
 
 
-#: Where each test runs (CI runs `make test` on every stack; README, "Tests"). A test runs
+#: Where each test runs (CI runs `make test` on every stack; docs/testing.md). A test runs
 #: where it adds information:
 #: - ``torch``-marked: the stacks with torch (the torch stack);
 #: - ``keras``-marked (Keras and TensorFlow behaviour): every TensorFlow stack (lts: Keras 2,
@@ -40,13 +40,21 @@ def _installed(dist: str) -> bool:
 #: - ``stacks("lts", ...)``: the stacks named - a test about what differs between them
 #:   (Spark 3.5 vs 4.1, pyarrow 14 vs 22, MLflow 2.13 vs 3.8, the stack's own horovod
 #:   build), or one half of a module split between them (the two-host cluster's name modes);
-#: - anything else is framework-independent (the launcher, the data layer, notebooks, the
-#:   bundle, faults): it runs once, on HOME_STACK, the default stack.
+#: - anything else is framework-independent (the launcher, notebooks, the bundle, faults):
+#:   it runs once, on HOME_STACK, the default stack.
 #: The stack is the Makefile's ``STACK``; without it (a bare ``pytest``) or with
 #: ``HVDRUNNER_TESTS=all`` (``make test-all``) every test the installed frameworks allow runs.
 HOME_STACK = "modern"
 STACKS = ("lts", "modern", "torch")
 TF_STACKS = ("lts", "modern")
+
+
+def selected_stack() -> str | None:
+    """The stack whose tests `make test` runs, or None for every test (see above)."""
+    stack = os.environ.get("STACK", "")
+    if stack and stack not in STACKS:
+        raise pytest.UsageError(f"STACK={stack!r}: expected one of {STACKS}")
+    return None if not stack or os.environ.get("HVDRUNNER_TESTS", "") == "all" else stack
 
 
 def stacks_of(item: pytest.Item) -> tuple[str, ...]:
@@ -73,14 +81,11 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     framework that is installed but broken is selected and so fails - it never skips.
     """
     has_tf, has_torch = _installed("tensorflow"), _installed("torch")
-    stack = os.environ.get("STACK", "")
-    if stack and stack not in STACKS:
-        raise pytest.UsageError(f"STACK={stack!r}: expected one of {STACKS}")
-    every = not stack or os.environ.get("HVDRUNNER_TESTS", "") == "all"
+    stack = selected_stack()
     keep, drop = [], []
     for item in items:
         is_torch = item.get_closest_marker("torch") is not None
-        runs = (has_torch if is_torch else has_tf) and (every or stack in stacks_of(item))
+        runs = (has_torch if is_torch else has_tf) and (stack is None or stack in stacks_of(item))
         (keep if runs else drop).append(item)
     if drop:
         config.hook.pytest_deselected(items=drop)
@@ -89,9 +94,8 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 
 def pytest_report_header(config: pytest.Config) -> str:
     frameworks = [d for d in ("tensorflow", "torch") if _installed(d)]
-    stack = os.environ.get("STACK", "")
-    scope = ("every test" if not stack or os.environ.get("HVDRUNNER_TESTS", "") == "all"
-             else f"the tests of stack {stack}")  # fmt: skip
+    stack = selected_stack()
+    scope = "every test" if stack is None else f"the tests of stack {stack}"
     return f"hvdrunner stack frameworks: {', '.join(frameworks) or 'none'}; running {scope}"
 
 
