@@ -52,20 +52,22 @@ def input_identity(df: Any) -> list[tuple[str, int, int]] | None:
 
 
 def cache_key(
-    df: Any, columns: Sequence[str], dtype: str, shapes: dict[str, Any], inputs: Any
-) -> str:
+    df: Any, columns: Sequence[str], dtype: str | None, shapes: dict[str, Any], inputs: Any,
+    options: dict[str, str] | None = None,
+) -> str:  # fmt: skip
     plan = df._jdf.queryExecution().analyzed().semanticHash()
-    raw = json.dumps(
-        [
-            _FORMAT,
-            int(plan),
-            df.schema.json(),
-            list(columns),
-            dtype,
-            sorted((k, list(v)) for k, v in shapes.items()),
-            inputs,
-        ]
-    )
+    parts = [
+        _FORMAT,
+        int(plan),
+        df.schema.json(),
+        list(columns),
+        dtype,
+        sorted((k, list(v)) for k, v in shapes.items()),
+        inputs,
+    ]
+    if options:  # only when asked for: the keys of caches written without options stay valid
+        parts.append(sorted(options.items()))
+    raw = json.dumps(parts)
     return hashlib.sha256(raw.encode()).hexdigest()[:20]
 
 

@@ -48,6 +48,7 @@ class PreparedData:
     label: str | None
     single_feature: bool = field(default=True)
     shared: bool = field(default=False)  # declared shared (prepare(shared=True)) or DBFS/Volumes
+    read_ahead: int = field(default=READ_AHEAD)  # pieces decoded at once (threads) by a rank
 
     # -- sizes -----------------------------------------------------------------------------
     def rows_per_rank(self, num_ranks: int | None = None) -> int:
@@ -108,15 +109,16 @@ class PreparedData:
         if in_memory:
             return self._memory_batches(pieces, batch_size, shuffle, seed, shard, first_epoch)
         return iter_batches(
-            self.local_path, pieces, self.columns, batch_size, shuffle, seed, shard, first_epoch
-        )
+            self.local_path, pieces, self.columns, batch_size, shuffle, seed, shard, first_epoch,
+            self.read_ahead,
+        )  # fmt: skip
 
     def _memory_batches(
         self, pieces: list[Piece], batch_size: int, shuffle: bool, seed: int, shard: int,
         first_epoch: int,
     ) -> Iterator[dict[str, Any]]:  # fmt: skip
         lengths = [p.stop - p.start for p in pieces]
-        arrays = load_shard(self.local_path, pieces, self.columns)
+        arrays = load_shard(self.local_path, pieces, self.columns, self.read_ahead)
         epoch = first_epoch
         while True:
             idx = epoch_indices(lengths, batch_size, shuffle, seed, shard, epoch)
@@ -197,7 +199,7 @@ class PreparedData:
         steps = math.ceil(sum(lengths) / batch_size)
         tensors = {
             k: tf.convert_to_tensor(v)
-            for k, v in load_shard(self.local_path, pieces, self.columns).items()
+            for k, v in load_shard(self.local_path, pieces, self.columns, self.read_ahead).items()
         }
 
         def order(epoch: np.ndarray) -> np.ndarray:  # once per epoch
@@ -217,7 +219,7 @@ class PreparedData:
         first_epoch: int,
     ) -> Any:  # fmt: skip
         # Streaming without from_generator (see _memory_dataset): a stateless numpy_function
-        # decodes one planned piece (READ_AHEAD in parallel), TensorFlow re-batches the rows.
+        # decodes one planned piece (read_ahead in parallel), TensorFlow re-batches the rows.
         import tensorflow as tf
 
         lengths = [p.stop - p.start for p in pieces]
@@ -259,7 +261,7 @@ class PreparedData:
         jobs = tf.data.Dataset.range(first_epoch, 2**62).flat_map(
             lambda e: tf.data.Dataset.range(per_pass).map(lambda j: (e, j))
         )
-        rows = jobs.map(rows_of, num_parallel_calls=READ_AHEAD, deterministic=True)
+        rows = jobs.map(rows_of, num_parallel_calls=self.read_ahead, deterministic=True)
         return rows.rebatch(batch_size, drop_remainder=True)
 
     def _transform_dataset(
@@ -271,7 +273,7 @@ class PreparedData:
         def gen() -> Iterator[Any]:
             for batch in iter_batches(
                 self.local_path, pieces, self.columns, batch_size, shuffle, seed, shard,
-                first_epoch,
+                first_epoch, self.read_ahead,
             ):  # fmt: skip
                 yield self.structure(transform(batch))
 

@@ -18,7 +18,9 @@ from hvdrunner.data.handle import _FORMAT, _META, DEFAULT_CACHE_DIR, PreparedDat
 from hvdrunner.data.reader import Column
 
 _TARGET_FILE_BYTES = 16 * 1024 * 1024
-_DTYPES = {"float32": "float", "float64": "double"}
+_DTYPES = {"float32": "float", "float64": "double"}  # and None: each column's own
+# Spark's Parquet codecs (spark.sql.parquet.compression.codec); None: Spark's default (snappy).
+_CODECS = ("uncompressed", "snappy", "gzip", "lzo", "brotli", "lz4", "zstd", "bzip2", "deflate")
 _UNSUPPORTED_HINT = {
     "StringType": "encode it as a number first (e.g. pyspark.ml.feature.StringIndexer)",
     "MapType": "select the needed keys into numeric columns",
@@ -94,11 +96,13 @@ def prepare(
     features: str | Sequence[str],
     label: str | None = None,
     cache_dir: str | None = None,
-    dtype: str = "float32",
+    dtype: str | None = "float32",
     shapes: dict[str, Sequence[int]] | None = None,
     rows_per_file: int | None = None,
     refresh: bool = False,
     shared: bool = False,
+    compression: str | None = None,
+    row_group_bytes: int | None = None,
 ) -> PreparedData:
     """Write ``df``'s feature/label columns as Parquet under ``cache_dir``; return the handle.
 
@@ -112,7 +116,8 @@ def prepare(
         label: the label column, or ``None`` for unlabelled input.
         cache_dir: ``dbfs:/…``, ``/dbfs/…``, ``/Volumes/…`` on Databricks (shared by all
             nodes), a local directory locally. Default: ``./.hvdrunner/data-cache``.
-        dtype: floating columns are cast to this (``float32`` is what Keras wants).
+        dtype: floating columns are cast to this (``float32`` is what Keras wants);
+            ``None`` keeps each column's own (float, double; decimals and ML vectors as double).
         shapes: per-row shape of array columns, e.g. ``{"pixels": (28, 28)}`` for a flat
             784-long array; default: the array's length.
         rows_per_file: rows per Parquet file; default sized for ~16 MB files.
@@ -120,6 +125,9 @@ def prepare(
         shared: ``cache_dir`` is a shared mount (NFS, a FUSE-mounted bucket) visible at
             the same path on every node of a non-Databricks cluster. Each rank checks it
             sees the files before training and fails naming the path if not.
+        compression: the Parquet codec (``"uncompressed"``, ``"zstd"``, ...); default Spark's.
+        row_group_bytes: Parquet row-group size in bytes (``parquet.block.size``); default
+            Spark's. Neither changes what the ranks read, only how it is stored.
 
     The cache is reused only while the input is provably unchanged: the key covers the
     query plan, the options and every input file's path, size and modification time (a
@@ -136,15 +144,40 @@ def prepare(
             f"cache_dir={cache_dir!r} is empty; pass a directory, or leave it out for the "
             f"default {DEFAULT_CACHE_DIR}"
         )
-    if dtype not in _DTYPES:
+    if dtype is not None and dtype not in _DTYPES:
         raise ValueError(
-            f"dtype={dtype!r} is not supported; pass one of {sorted(_DTYPES)} (floating "
-            f"columns are cast to it; integer columns keep their type)"
+            f"dtype={dtype!r} is not supported; pass 'float32', 'float64' or None (floating "
+            f"columns are cast to it, None keeps their own; integer columns keep their type)"
         )
+    options = _write_options(compression, row_group_bytes)
     return _materialize(
         df, features, label, cache_dir or DEFAULT_CACHE_DIR, dtype, shapes or {}, rows_per_file,
-        refresh=refresh, shared=shared,
+        refresh=refresh, shared=shared, options=options,
     )  # fmt: skip
+
+
+def _write_options(compression: str | None, row_group_bytes: int | None) -> dict[str, str]:
+    """Spark's Parquet writer options for ``compression`` and ``row_group_bytes``, checked."""
+    options = {}
+    if compression is not None:
+        if not isinstance(compression, str) or compression.lower() not in _CODECS:
+            raise ValueError(
+                f"compression={compression!r} is not a Parquet codec Spark writes; pass one of "
+                f"{list(_CODECS)}, or None for Spark's default"
+            )
+        options["compression"] = compression.lower()
+    if row_group_bytes is not None:
+        if (
+            isinstance(row_group_bytes, bool)
+            or not isinstance(row_group_bytes, int)
+            or (row_group_bytes < 1024)
+        ):
+            raise ValueError(
+                f"row_group_bytes={row_group_bytes!r} must be an int of at least 1024 (bytes "
+                f"per Parquet row group), or None for Spark's default"
+            )
+        options["parquet.block.size"] = str(row_group_bytes)
+    return options
 
 
 def _materialize(
@@ -152,18 +185,20 @@ def _materialize(
     features: str | Sequence[str],
     label: str | None,
     cache_dir: str,
-    dtype: str,
+    dtype: str | None,
     shapes: dict[str, Sequence[int]],
     rows_per_file: int | None,
     refresh: bool = False,
     shared: bool = False,
+    options: dict[str, str] | None = None,
 ) -> PreparedData:
     """:func:`prepare` after its argument checks: reuse a verified cache or write one."""
     _check_driver()
     feats = (features,) if isinstance(features, str) else tuple(features)
     wanted, fields, kinds = _check_columns(df, feats, label, shapes)
     loc = _check_location(cache_dir, str(df.sparkSession.sparkContext.master), shared)
-    key, final, existing = _cached(df, wanted, dtype, shapes, loc, refresh)
+    options = options or {}
+    key, final, existing = _cached(df, wanted, dtype, shapes, loc, refresh, options)
     if existing is not None:
         return existing
     selected, aggs = _select(df, wanted, kinds, fields, dtype)
@@ -181,7 +216,7 @@ def _materialize(
         "features": list(feats), "label": label, "single_feature": isinstance(features, str),
         "shared": bool(shared or loc.shared),
     }  # fmt: skip
-    return _write(selected, columns, num_rows, loc, final, key, rows_per_file, meta)
+    return _write(selected, columns, num_rows, (loc, final), key, rows_per_file, meta, options)
 
 
 def _check_columns(
@@ -206,12 +241,12 @@ def _check_columns(
 
 
 def _cached(
-    df: Any, wanted: list[str], dtype: str, shapes: dict[str, Sequence[int]],
-    loc: _paths.Location, refresh: bool,
+    df: Any, wanted: list[str], dtype: str | None, shapes: dict[str, Sequence[int]],
+    loc: _paths.Location, refresh: bool, options: dict[str, str],
 ) -> tuple[str, _paths.Location, PreparedData | None]:  # fmt: skip
     """The cache key, the final location, and the verified copy there if it can be reused."""
     inputs = input_identity(df)
-    key = cache_key(df, wanted, dtype, dict(shapes), inputs)
+    key = cache_key(df, wanted, dtype, dict(shapes), inputs, options)
     if inputs is None:
         # The input could change without any file changing: never reuse silently.
         key += f"-{uuid.uuid4().hex[:8]}"
@@ -229,7 +264,7 @@ def _cached(
 
 def _select(
     df: Any, wanted: list[str], kinds: dict[str, tuple[str, int]], fields: dict[str, Any],
-    dtype: str,
+    dtype: str | None,
 ) -> tuple[Any, list[Any]]:  # fmt: skip
     """The DataFrame to write (vectors as arrays, floats cast) and the checks to run on it."""
     from pyspark.ml.functions import vector_to_array
@@ -240,9 +275,9 @@ def _select(
         kind, depth = kinds[name]
         col = F.col(name)
         if kind == "vector":
-            col = vector_to_array(col, dtype=dtype)
+            col = vector_to_array(col, dtype=dtype or "float64")
         elif _is_floating(fields[name]):
-            col = col.cast(_array_type(depth, dtype))
+            col = col.cast(_array_type(depth, dtype or _own_float(fields[name])))
         exprs.append(col.alias(name))
         aggs.append(F.sum(F.col(name).isNull().cast("long")).alias(f"{name}__nulls"))
     for name in wanted:
@@ -276,7 +311,7 @@ def _array_checks(name: str, depth: int) -> list[Any]:
 
 def _column_spec(
     name: str, kind_depth: tuple[str, int], spark_type: Any, stats: dict[str, Any],
-    shapes: dict[str, Sequence[int]], dtype: str,
+    shapes: dict[str, Sequence[int]], dtype: str | None,
 ) -> Column:  # fmt: skip
     """The column as the ranks will read it, or ValueError for nulls and ragged arrays."""
     if stats[f"{name}__nulls"]:
@@ -293,7 +328,12 @@ def _column_spec(
                 f"shapes[{name!r}]={wanted_shape} does not fit rows of {math.prod(shape or (1,))} values"
             )
         shape = wanted_shape
-    np_dtype = dtype if _is_floating(spark_type) or kind == "vector" else _numpy_name(spark_type)
+    if kind == "vector":
+        np_dtype = dtype or "float64"
+    elif _is_floating(spark_type):
+        np_dtype = dtype or _own_float(spark_type)
+    else:
+        np_dtype = _numpy_name(spark_type)
     return Column(name, np_dtype, shape, depth)
 
 
@@ -326,10 +366,12 @@ def _array_shape(name: str, depth: int, stats: dict[str, Any]) -> tuple[int, ...
 
 
 def _write(
-    selected: Any, columns: list[Column], num_rows: int, loc: _paths.Location,
-    final: _paths.Location, key: str, rows_per_file: int | None, meta: dict[str, Any],
+    selected: Any, columns: list[Column], num_rows: int,
+    where: tuple[_paths.Location, _paths.Location], key: str, rows_per_file: int | None,
+    meta: dict[str, Any], options: dict[str, str],
 ) -> PreparedData:  # fmt: skip
     """Parquet into a temporary folder, checked, then renamed: whole or not at all."""
+    loc, final = where
     row_bytes = sum(max(1, math.prod(c.shape)) * 8 for c in columns)
     per_file = rows_per_file or max(256, _TARGET_FILE_BYTES // row_bytes)
     tmp = loc.join(f".tmp-{key}-{uuid.uuid4().hex[:8]}")
@@ -338,7 +380,8 @@ def _write(
         selected = selected.coalesce(target_parts)
     _say(f"writing {num_rows} rows to {final.spark_url}")
     try:
-        selected.write.option("maxRecordsPerFile", per_file).parquet(tmp.spark_url)
+        writer = selected.write.option("maxRecordsPerFile", per_file).options(**options)
+        writer.parquet(tmp.spark_url)
         files = file_rows(tmp.local_path)
         seen = sum(n for _, n in files)
         if seen != num_rows:
@@ -373,6 +416,15 @@ def _is_floating(dtype: Any) -> bool:
     while isinstance(dtype, T.ArrayType):
         dtype = dtype.elementType
     return isinstance(dtype, (T.FloatType, T.DoubleType, T.DecimalType))
+
+
+def _own_float(dtype: Any) -> str:
+    """The numpy name a floating Spark type keeps under ``dtype=None`` (decimals: float64)."""
+    from pyspark.sql import types as T
+
+    while isinstance(dtype, T.ArrayType):
+        dtype = dtype.elementType
+    return "float32" if isinstance(dtype, T.FloatType) else "float64"
 
 
 def _array_type(depth: int, dtype: str) -> str:

@@ -117,19 +117,20 @@ def _pieces_ahead(
     pieces: Sequence[Piece],
     plan: Sequence[tuple[int, np.ndarray | None]],
     columns: Sequence[Column],
+    ahead: int = READ_AHEAD,
 ) -> Generator[dict[str, np.ndarray], None, None]:
-    """The planned pieces, each read and permuted, up to READ_AHEAD of them in background
+    """The planned pieces, each read and permuted, up to ``ahead`` of them in background
     threads (pyarrow and numpy release the GIL) so the consumer rarely waits for the disk,
     the decoder or the shuffle."""
     from concurrent.futures import Future, ThreadPoolExecutor
 
-    pool = ThreadPoolExecutor(READ_AHEAD, thread_name_prefix="hvdrunner-read")
+    pool = ThreadPoolExecutor(ahead, thread_name_prefix="hvdrunner-read")
     pending: list[Future[dict[str, np.ndarray]]] = []
     try:
         todo = iter(plan)
         for i, perm in todo:
             pending.append(pool.submit(_read_rows, root, pieces[i], columns, perm))
-            if len(pending) >= READ_AHEAD:
+            if len(pending) >= ahead:
                 break
         while pending:
             chunk = pending.pop(0).result()
@@ -184,12 +185,13 @@ def iter_batches(
     seed: int,
     shard: int,
     first_epoch: int = 0,
+    read_ahead: int = READ_AHEAD,
 ) -> Iterator[dict[str, np.ndarray]]:
     """Endless full batches over the shard, pieces decoded ahead in background threads.
 
     Each pass (epoch) is reshuffled with its own seed and padded to ``ceil(rows /
     batch_size)`` batches from the pass's own first rows. ``first_epoch``: the pass a
-    resumed job starts at.
+    resumed job starts at. ``read_ahead``: pieces decoded at once in background threads.
     """
     lengths = [p.stop - p.start for p in pieces]
     steps = math.ceil(sum(lengths) / batch_size)
@@ -203,7 +205,7 @@ def iter_batches(
         emitted = 0
         carry: dict[str, np.ndarray] | None = None  # < batch_size rows left from the last piece
         head: dict[str, np.ndarray] | None = None  # first rows of the pass, for padding
-        with contextlib.closing(_pieces_ahead(root, pieces, plan, columns)) as chunks:
+        with contextlib.closing(_pieces_ahead(root, pieces, plan, columns, read_ahead)) as chunks:
             for chunk in chunks:
                 if head is None:
                     head = {k: v[:batch_size] for k, v in chunk.items()}
@@ -235,7 +237,7 @@ def iter_batches(
 
 
 def load_shard(
-    root: str, pieces: Sequence[Piece], columns: Sequence[Column]
+    root: str, pieces: Sequence[Piece], columns: Sequence[Column], read_ahead: int = READ_AHEAD
 ) -> dict[str, np.ndarray]:
     """The whole shard in memory, pieces in order (the in-memory feed): each piece is
     decoded (in read-ahead threads) and copied once into preallocated arrays."""
@@ -246,7 +248,7 @@ def load_shard(
     }  # fmt: skip
     offset = 0
     plan = [(i, None) for i in range(len(pieces))]
-    with contextlib.closing(_pieces_ahead(root, pieces, plan, columns)) as chunks:
+    with contextlib.closing(_pieces_ahead(root, pieces, plan, columns, read_ahead)) as chunks:
         for n, chunk in zip(lengths, chunks, strict=True):
             for k, v in chunk.items():
                 out[k][offset : offset + n] = v
