@@ -15,6 +15,7 @@
 # MAGIC | `checkpoint_dir` | rank-0 checkpoints; a retried job resumes from them (empty: none) | `` |
 # MAGIC | `cache_dir` | where the DataFrame is materialized for the ranks (every node must see it) | `/Volumes/main/default/hvdrunner/cache` |
 # MAGIC | `train_path` | training data (empty: task value of `prepare_data`; set it when running by hand) | `` |
+# MAGIC | `feed` | `prepare`: `hvdrunner.data.prepare`; `petastorm`: a Petastorm-style converter (`hvdrunner.petastorm.spark.make_spark_converter`, `cache_dir` as its parent cache dir; docs/petastorm.md) | `prepare` |
 # MAGIC
 # MAGIC Task values set: `model_uri`, `run_id`.
 
@@ -38,6 +39,7 @@ dbutils.widgets.text("experiment", "hvdrunner-digits", "MLflow experiment")
 dbutils.widgets.text("checkpoint_dir", "", "Checkpoint directory")
 dbutils.widgets.text("cache_dir", "/Volumes/main/default/hvdrunner/cache", "Data cache directory")
 dbutils.widgets.text("train_path", "", "Training data path")
+dbutils.widgets.dropdown("feed", "prepare", ["prepare", "petastorm"], "Input feed")
 
 # COMMAND ----------
 
@@ -61,15 +63,22 @@ from hvdrunner import HorovodRunner, datasets, tracking
 from hvdrunner.data import prepare
 from hvdrunner.keras import fit
 from hvdrunner.notebook import upstream
+from hvdrunner.petastorm.spark import SparkDatasetConverter, make_spark_converter
 
 w = dbutils.widgets.get
 train_path = upstream(dbutils, "train_path", "prepare_data")
 with tracking.mlflow_run(experiment=w("experiment"), run_name=f"np{w('np')}") as run:
-    data = prepare(datasets.read(spark, train_path), features="pixels", label="label", cache_dir=w("cache_dir"))
+    df = datasets.read(spark, train_path)
+    if w("feed") == "petastorm":  # as Databricks' Petastorm notebooks make their input
+        spark.conf.set(SparkDatasetConverter.PARENT_CACHE_DIR_URL_CONF, w("cache_dir"))
+        data, columns = make_spark_converter(df), {"features": "pixels", "label": "label"}
+    else:
+        data, columns = prepare(df, features="pixels", label="label", cache_dir=w("cache_dir")), {}
     result = HorovodRunner(np=int(w("np")), driver_log_verbosity="all").run(
         fit,
         build_model=build_model,
         data=data,
+        **columns,
         epochs=int(w("epochs")),
         batch_size=int(w("batch_size")),
         learning_rate=float(w("learning_rate")),

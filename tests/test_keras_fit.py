@@ -386,23 +386,29 @@ def test_validation_metrics_and_early_stopping_agree_on_every_rank(spark, digits
 
 
 @pytest.mark.timeout(420)
-def test_fit_accepts_a_petastorm_converter_with_equal_steps(spark, tmp_path):
-    import pyarrow
+@pytest.mark.parametrize(
+    "module",
+    [
+        # Real petastorm where it imports (lts: pyarrow < 15); hvdrunner's drop-in elsewhere.
+        pytest.param("petastorm.spark", marks=pytest.mark.stacks("lts")),
+        pytest.param("hvdrunner.petastorm.spark", marks=pytest.mark.stacks("modern")),
+    ],
+)
+def test_fit_accepts_a_petastorm_converter_with_equal_steps(spark, tmp_path, module):
+    import importlib
 
-    # Skip by stack, never by a failing import: on lts (pyarrow < 15) petastorm must work.
-    if int(pyarrow.__version__.split(".")[0]) >= 15:
-        pytest.skip("petastorm is not part of this stack (it needs pyarrow < 15)")
-    from petastorm.spark import SparkDatasetConverter, make_spark_converter
     from sklearn.datasets import load_digits
 
+    petastorm_spark = importlib.import_module(module)
     x, y = load_digits(return_X_y=True)
     pdf = pd.DataFrame(
         {"pixels": (x / 16.0).astype("float32").tolist(), "label": y.astype("int32")}
     )
     # 7 partitions of unequal size: petastorm's row-group shards are unequal across 2 ranks.
     df = spark.createDataFrame(pdf).repartition(7)
-    spark.conf.set(SparkDatasetConverter.PARENT_CACHE_DIR_URL_CONF, f"file://{tmp_path}/pt")
-    converter = make_spark_converter(df)
+    conf = petastorm_spark.SparkDatasetConverter.PARENT_CACHE_DIR_URL_CONF
+    spark.conf.set(conf, f"file://{tmp_path}/pt")
+    converter = petastorm_spark.make_spark_converter(df)
     try:
         result = HorovodRunner(np=2).run(
             fit, build_model=build_mlp, data=converter, features="pixels", label="label",
@@ -411,7 +417,10 @@ def test_fit_accepts_a_petastorm_converter_with_equal_steps(spark, tmp_path):
         )  # fmt: skip
     finally:
         converter.delete()
-    assert result.steps_per_epoch == -(-len(pdf) // (32 * 2))  # common to both ranks
+        spark.conf.unset(conf)
+    # common to both ranks: ceil(rows / (32 * 2)) for petastorm's endless stream, the
+    # prepared data's ceil(ceil(rows / 2) / 32) for the drop-in (the same here)
+    assert result.steps_per_epoch == -(-len(pdf) // (32 * 2))
     assert len(result.history["loss"]) == 3
     assert result.history["accuracy"][-1] > result.history["accuracy"][0]
 

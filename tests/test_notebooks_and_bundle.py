@@ -98,17 +98,21 @@ def test_jobs_load_with_databricks_bundles_and_match_the_notebooks(name, framewo
 
 @pytest.mark.timeout(600)
 @pytest.mark.parametrize(
-    "framework",
+    "framework,feed",
     [
-        pytest.param("keras", marks=pytest.mark.keras),
-        pytest.param("torch", marks=pytest.mark.torch),
+        # Each Keras generation once: lts with the Petastorm-style feed (02's feed widget),
+        # modern with prepare().
+        pytest.param("keras", "prepare", marks=[pytest.mark.keras, pytest.mark.stacks("modern")]),
+        pytest.param("keras", "petastorm", marks=[pytest.mark.keras, pytest.mark.stacks("lts")]),
+        pytest.param("torch", None, marks=pytest.mark.torch),
     ],
 )
-def test_the_three_notebooks_run_as_a_local_job(tmp_path, framework):
+def test_the_three_notebooks_run_as_a_local_job(tmp_path, framework, feed):
     env = dict(os.environ, MLFLOW_TRACKING_URI=f"sqlite:///{tmp_path / 'mlflow.db'}")
     proc = subprocess.run(
         [sys.executable, "-m", "hvdrunner", "demo", "--notebooks", str(ROOT / "notebooks"),
-         "--epochs", "4", "--workdir", str(tmp_path / "demo"), "--framework", framework],
+         "--epochs", "4", "--workdir", str(tmp_path / "demo"), "--framework", framework,
+         *(["--param", f"feed={feed}"] if feed else [])],
         cwd=tmp_path, env=env, capture_output=True, text=True, timeout=540,
     )  # fmt: skip
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
@@ -117,6 +121,12 @@ def test_the_three_notebooks_run_as_a_local_job(tmp_path, framework):
     accuracy = values["batch_inference"]["test_accuracy"]
     assert accuracy > 0.8  # 4 epochs on digits; the 10-epoch demo reaches ~0.96
     assert f"test accuracy: {accuracy:.3f}" in proc.stdout
+    if feed is not None:  # which feed wrote the training files: the converter's uncompressed
+        import pyarrow.parquet as pq
+
+        codecs = {pq.ParquetFile(p).metadata.row_group(0).column(0).compression
+                  for p in (tmp_path / "demo" / "cache").rglob("*.parquet")}  # fmt: skip
+        assert codecs == ({"UNCOMPRESSED"} if feed == "petastorm" else {"SNAPPY"}), codecs
     mlflow.set_tracking_uri(env["MLFLOW_TRACKING_URI"])
     try:
         run = mlflow.get_run(values[f"train_{framework}"]["run_id"])

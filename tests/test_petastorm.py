@@ -15,10 +15,10 @@ from hvdrunner.errors import CorruptDataError
 from hvdrunner.petastorm.spark import SparkDatasetConverter, make_spark_converter
 
 CONF = SparkDatasetConverter.PARENT_CACHE_DIR_URL_CONF
-tf_only = pytest.mark.stacks("lts", "modern")  # make_tf_dataset: the TF stacks
 # The converter's write and read are the data layer's: Spark 3.5 + pyarrow 14 on lts, Spark
-# 4.1 + pyarrow 22 on modern and torch (tests/conftest.py).
-both = pytest.mark.stacks("lts", "modern", "torch")
+# 4.1 + pyarrow 22 on modern (the torch stack's too; tests/conftest.py). The torch loader's
+# own test runs on torch.
+data_layer = pytest.mark.stacks("lts", "modern")
 
 
 @pytest.fixture()
@@ -53,7 +53,7 @@ def _tf_rows(converter, shard: int, count: int, **kw) -> tuple[list[int], list[i
     return [int(r) for b in batches for r in b], [len(b) for b in batches]
 
 
-@both
+@data_layer
 def test_the_converter_has_petastorms_attributes_and_files(spark, parent):
     converter = make_spark_converter(_frame(spark, 101))
     assert len(converter) == converter.dataset_size == 101
@@ -66,7 +66,7 @@ def test_the_converter_has_petastorms_attributes_and_files(spark, parent):
     converter.delete()  # twice is fine, as petastorm's
 
 
-@tf_only
+@data_layer
 @pytest.mark.parametrize("rows,count", [(101, 2), (101, 3), (1000, 3)])
 def test_finite_epochs_give_every_shard_the_same_full_batches(spark, parent, rows, count):
     converter = make_spark_converter(_frame(spark, rows))
@@ -82,7 +82,7 @@ def test_finite_epochs_give_every_shard_the_same_full_batches(spark, parent, row
     converter.delete()
 
 
-@tf_only
+@data_layer
 def test_batches_are_namedtuples_of_every_column_with_petastorms_dtypes(spark, parent):
     converter = make_spark_converter(_frame(spark, 64))
     with converter.make_tf_dataset(batch_size=8) as ds:  # no shards: the whole data set
@@ -100,7 +100,7 @@ def test_batches_are_namedtuples_of_every_column_with_petastorms_dtypes(spark, p
     converter.delete()
 
 
-@tf_only
+@data_layer
 def test_shuffle_follows_petastorms_switches_and_is_seeded(spark, parent):
     converter = make_spark_converter(_frame(spark, 200, partitions=1))
     kw = {"batch_size": 20, "num_epochs": 1}
@@ -116,7 +116,7 @@ def test_shuffle_follows_petastorms_switches_and_is_seeded(spark, parent):
     converter.delete()
 
 
-@both
+@data_layer
 @pytest.mark.parametrize(
     "kwargs,match",
     [
@@ -145,17 +145,12 @@ def test_arguments_it_cannot_honour_are_refused_by_name(spark, parent, kwargs, m
 
 
 def open_feed(converter, **kwargs):
-    """Open this stack's feed: the torch loader where torch is the framework, else TF's."""
-    try:
-        import tensorflow  # noqa: F401
-    except ImportError:
-        with converter.make_torch_dataloader(**kwargs) as loader:
-            return next(iter(loader))
+    """The first batch of the converter's TF dataset (the torch loader: its own test)."""
     with converter.make_tf_dataset(**kwargs) as ds:
         return next(iter(ds))
 
 
-@both
+@data_layer
 def test_make_spark_converter_refuses_what_it_cannot_write(spark, parent):
     from pyspark.sql import functions as F
 
@@ -177,7 +172,7 @@ def test_make_spark_converter_refuses_what_it_cannot_write(spark, parent):
         make_spark_converter(df)
 
 
-@both
+@data_layer
 def test_storage_options_are_honoured(spark, parent):
     df = _frame(spark, 3000, partitions=1)
     default = make_spark_converter(df)
@@ -197,7 +192,7 @@ def test_storage_options_are_honoured(spark, parent):
     gz.delete()
 
 
-@both
+@data_layer
 def test_same_data_same_cache_and_a_changed_input_is_written_again(spark, parent, tmp_path):
     src = str(tmp_path / "input")
     _frame(spark, 40).write.parquet(src)
@@ -211,7 +206,7 @@ def test_same_data_same_cache_and_a_changed_input_is_written_again(spark, parent
     second.delete()
 
 
-@both
+@data_layer
 def test_a_damaged_cache_file_fails_loudly_naming_it(spark, parent):
     converter = make_spark_converter(_frame(spark, 64, partitions=1))
     path = converter.file_urls[0].replace("file://", "")

@@ -38,6 +38,8 @@ def main(argv: list[str] | None = None) -> int:
     demo.add_argument("--epochs", type=int, default=10)
     demo.add_argument("--master", default="local[2]")
     demo.add_argument("--workdir", default=".hvdrunner/demo", help="data, cache and task values")
+    demo.add_argument("--param", action="append", default=[], metavar="WIDGET=VALUE",
+                      help="set a notebook widget, e.g. --param feed=petastorm (repeatable)")  # fmt: skip
     args = parser.parse_args(argv)
     if args.command == "doctor":
         from hvdrunner.doctor import run_doctor
@@ -76,6 +78,12 @@ def _demo(args: argparse.Namespace) -> int:
         "predictions_path": os.path.join(args.workdir, "predictions"),
         "train_task": f"train_{args.framework}",
     }
+    for item in args.param:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            print(f"ERROR: --param {item!r}: expected WIDGET=VALUE", file=sys.stderr)
+            return 2
+        params[key] = value  # a widget no notebook defines is refused by notebook.run
     code = notebook.run(paths, params, values, args.master)
     if code:
         return code

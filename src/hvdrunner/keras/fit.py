@@ -21,6 +21,7 @@ from hvdrunner.keras.checkpoint import CheckpointStore
 from hvdrunner.keras.config import INPUTS, FitConfig, FitResult, make_config
 from hvdrunner.keras.inputs import is_petastorm_converter, training_input
 from hvdrunner.keras.optimizer import distribute
+from hvdrunner.petastorm.spark import SparkDatasetConverter
 
 __all__ = ["FitConfig", "FitResult", "fit"]
 
@@ -77,9 +78,10 @@ def fit(
     and ``HOROVOD_CYCLE_TIME`` (background loop period) for this job. ``in_memory``: as in
     :meth:`PreparedData.tf_dataset` (``None`` = keep the shard in memory when it fits).
 
-    ``data`` may also be a Petastorm ``SparkDatasetConverter`` (``make_spark_converter(df)``;
-    stacks with petastorm only): pass ``features=`` and ``label=`` column names. Every rank
-    reads an endless stream of its (unequal) row-group shard for a common
+    ``data`` may also be a converter (``make_spark_converter(df)``): pass ``features=`` and
+    ``label=`` column names. hvdrunner's (:mod:`hvdrunner.petastorm.spark`, every stack) is
+    read as prepared data. A real Petastorm one (stacks with petastorm only) is read as an
+    endless stream of each rank's (unequal) row-group shard for a common
     ``ceil(rows / (batch_size * ranks))`` steps per epoch, so no rank runs out first.
 
     Arguments are validated on the driver by ``HorovodRunner.run`` before any rank starts
@@ -258,6 +260,8 @@ def _check_inputs(inputs: dict[str, Any]) -> None:
                 "data is a Petastorm converter: pass features='<column>' (and "
                 "label='<column>') so fit knows which columns to feed"
             )
+        if isinstance(data, SparkDatasetConverter):
+            data.prepared(inputs["features"], inputs["label"])  # names checked on the driver
     elif not hasattr(data, "steps_per_epoch"):
         raise TypeError(
             f"data must be prepared input (hvdrunner.data.prepare(df, ...)) or a Petastorm "

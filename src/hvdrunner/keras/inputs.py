@@ -1,5 +1,6 @@
-"""What ``fit`` trains on: prepared data (:func:`hvdrunner.data.prepare`) or a Petastorm
-``SparkDatasetConverter`` (existing Databricks code; stacks with petastorm, pyarrow < 15).
+"""What ``fit`` trains on: prepared data (:func:`hvdrunner.data.prepare`), hvdrunner's
+petastorm-style converter (:mod:`hvdrunner.petastorm.spark`, read as the prepared data it
+is), or a real Petastorm ``SparkDatasetConverter`` (stacks with petastorm, pyarrow < 15).
 
 Both become an endless ``tf.data.Dataset`` of ``(features, label)`` batches with one
 ``steps_per_epoch`` common to every rank. Petastorm shards by row group, so its shards are
@@ -14,6 +15,8 @@ import contextlib
 import math
 from collections.abc import Iterator
 from typing import Any
+
+from hvdrunner.petastorm.spark import SparkDatasetConverter
 
 
 def is_petastorm_converter(data: Any) -> bool:
@@ -51,6 +54,8 @@ def training_input(
     in_memory: bool | None = None,
 ) -> tuple[int, int, contextlib.AbstractContextManager[Any]]:
     """``(steps_per_epoch, rows, context manager yielding the dataset)`` for this rank."""
+    if isinstance(data, SparkDatasetConverter):  # hvdrunner's own: equal shards, resumable
+        data = data.prepared(features or "", label)
     if is_petastorm_converter(data):
         import horovod.tensorflow as hvd
 

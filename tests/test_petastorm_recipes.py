@@ -1,0 +1,120 @@
+"""The petastorm recipes of docs/petastorm.md, run as written: real Spark, real Horovod ranks
+over gloo. On lts the Keras recipe also runs with real petastorm (only its import line
+swapped) and both reach the same accuracy; on torch the PyTorch recipe is compared with the
+standard horovod.torch recipe on the same rows in memory (no stack has torch and petastorm)."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from hvdrunner import HorovodRunner
+
+DOC = Path(__file__).resolve().parents[1] / "docs" / "petastorm.md"
+DROP_IN = "from hvdrunner.petastorm.spark import"
+# Equal accuracy, within what different shuffles of 1,437 training rows move it (measured
+# spread of reruns: ~0.01).
+SAME = 0.04
+
+
+def recipe(name: str) -> str:
+    """The ``<!-- recipe: name -->`` code block of docs/petastorm.md, as a user copies it."""
+    found = re.search(rf"<!-- recipe: {name} -->\n```python\n(.*?)```", DOC.read_text(), re.S)
+    assert found, f"docs/petastorm.md lost its {name} recipe"
+    return found.group(1)
+
+
+def digits(spark):
+    """Digits (1,797 rows of 64 pixels): 1,437 training rows in 7 uneven partitions, 360 for
+    validation; pandas frames and the Spark DataFrames made of them."""
+    import pandas as pd
+    from sklearn.datasets import load_digits
+
+    x, y = load_digits(return_X_y=True)
+    order = np.random.default_rng(0).permutation(len(y))
+    pdf = pd.DataFrame({"pixels": (x[order] / 16.0).astype("float32").tolist(),
+                        "label": y[order].astype("int32")})  # fmt: skip
+    train, val = pdf.iloc[:1437], pdf.iloc[1437:]
+    frames = (spark.createDataFrame(train).repartition(7), spark.createDataFrame(val).repartition(3))
+    return (train, val), frames
+
+
+def run_recipe(source: str, spark, cache_url: str) -> float:
+    """Execute a recipe as a notebook would (module ``__main__``); its ``val_accuracy``."""
+    _, (df_train, df_val) = digits(spark)
+    namespace = {"__name__": "__main__", "spark": spark, "df_train": df_train,
+                 "df_val": df_val, "cache_url": cache_url}  # fmt: skip
+    try:
+        exec(compile(source, str(DOC), "exec"), namespace)
+    finally:
+        spark.conf.unset("petastorm.spark.converter.parentCacheDirUrl")
+    return float(namespace["val_accuracy"])
+
+
+@pytest.mark.keras
+@pytest.mark.stacks("modern")
+@pytest.mark.timeout(300)
+def test_the_keras_recipe_runs_with_one_changed_import_under_keras_3(spark, tmp_path):
+    source = recipe("keras")
+    assert DROP_IN in source and "import hvdrunner.hvd_keras as hvd" in source
+    assert run_recipe(source, spark, f"file://{tmp_path}/cache") > 0.9
+
+
+@pytest.mark.keras
+@pytest.mark.stacks("lts")
+@pytest.mark.timeout(480)
+def test_the_keras_recipe_matches_real_petastorm_on_keras_2(spark, tmp_path):
+    source = recipe("keras")
+    ours = run_recipe(source, spark, f"file://{tmp_path}/ours")
+    real = source.replace(DROP_IN, "from petastorm.spark import")
+    theirs = run_recipe(real, spark, f"file://{tmp_path}/theirs")
+    assert theirs > 0.9 and ours > 0.9
+    assert abs(ours - theirs) <= SAME, (ours, theirs)
+
+
+def standard_recipe(x_train, y_train, x_val, y_val, batch_size=32, epochs=6, lr=0.002):
+    """The same model and loop as the doc's PyTorch recipe, fed the standard horovod.torch
+    way (TensorDataset + DistributedSampler): the reference accuracy."""
+    import horovod.torch as hvd
+    import torch
+
+    hvd.init()
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(64, 64), torch.nn.ReLU(), torch.nn.Linear(64, 10))
+    optimizer = torch.optim.Adam(model.parameters(), lr=lr * hvd.size())
+    optimizer = hvd.DistributedOptimizer(optimizer, named_parameters=model.named_parameters())
+    hvd.broadcast_parameters(model.state_dict(), root_rank=0)
+    dataset = torch.utils.data.TensorDataset(torch.tensor(x_train), torch.tensor(y_train))
+    sampler = torch.utils.data.distributed.DistributedSampler(
+        dataset, num_replicas=hvd.size(), rank=hvd.rank(), shuffle=True, seed=0)  # fmt: skip
+    loader = torch.utils.data.DataLoader(dataset, batch_size=batch_size, sampler=sampler)
+    for epoch in range(epochs):
+        sampler.set_epoch(epoch)
+        for xb, yb in loader:
+            optimizer.zero_grad()
+            torch.nn.functional.cross_entropy(model(xb), yb.long()).backward()
+            optimizer.step()
+    with torch.no_grad():
+        pred = model(torch.tensor(x_val)).argmax(1).numpy()
+    return float((pred == y_val).mean())
+
+
+@pytest.mark.torch
+@pytest.mark.timeout(300)
+def test_the_torch_recipe_runs_with_one_changed_import_and_matches_the_standard_feed(
+    spark, tmp_path
+):
+    source = recipe("torch")
+    assert DROP_IN in source and "import horovod.torch as hvd" in source
+    ours = run_recipe(source, spark, f"file://{tmp_path}/cache")
+    (train, val), _ = digits(spark)
+    reference = HorovodRunner(np=2).run(
+        standard_recipe,
+        x_train=np.array(train.pixels.tolist(), dtype="float32"), y_train=train.label.to_numpy(),
+        x_val=np.array(val.pixels.tolist(), dtype="float32"), y_val=val.label.to_numpy(),
+    )  # fmt: skip
+    assert reference > 0.9 and ours > 0.9
+    assert abs(ours - reference) <= SAME, (ours, reference)
