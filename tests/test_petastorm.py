@@ -4,10 +4,10 @@ petastorm 0.13.1 imports, the real converter is run beside it for the facts it i
 
 from __future__ import annotations
 
+import math
 import os
 from collections import Counter
 
-import numpy as np
 import pyarrow.parquet as pq
 import pytest
 
@@ -71,7 +71,7 @@ def test_the_converter_has_petastorms_attributes_and_files(spark, parent):
 def test_finite_epochs_give_every_shard_the_same_full_batches(spark, parent, rows, count):
     converter = make_spark_converter(_frame(spark, rows))
     per = [_tf_rows(converter, s, count, batch_size=16, num_epochs=2) for s in range(count)]
-    steps = 2 * -(-(-(-rows // count)) // 16)  # 2 * ceil(ceil(rows / count) / 16)
+    steps = 2 * math.ceil(math.ceil(rows / count) / 16)
     for _, sizes in per:
         assert sizes == [16] * steps  # equal steps on every shard, every batch full
     seen = Counter(r for ids, _ in per for r in ids)
@@ -168,7 +168,9 @@ def test_make_spark_converter_refuses_what_it_cannot_write(spark, parent):
         converter.make_torch_dataloader(data_loader_fn=list)
     converter.delete()
     spark.conf.unset(CONF)
-    with pytest.raises(ValueError, match=r"Please set the spark config " + CONF.replace(".", r"\.")):
+    with pytest.raises(
+        ValueError, match=r"Please set the spark config " + CONF.replace(".", r"\.")
+    ):
         make_spark_converter(df)
 
 

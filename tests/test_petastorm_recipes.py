@@ -38,7 +38,10 @@ def digits(spark):
     pdf = pd.DataFrame({"pixels": (x[order] / 16.0).astype("float32").tolist(),
                         "label": y[order].astype("int32")})  # fmt: skip
     train, val = pdf.iloc[:1437], pdf.iloc[1437:]
-    frames = (spark.createDataFrame(train).repartition(7), spark.createDataFrame(val).repartition(3))
+    frames = (
+        spark.createDataFrame(train).repartition(7),
+        spark.createDataFrame(val).repartition(3),
+    )
     return (train, val), frames
 
 
