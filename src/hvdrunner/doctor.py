@@ -179,14 +179,16 @@ def evaluate_stack(
             "unset KERAS_BACKEND or set it to tensorflow (Horovod's ops are TF ops)"))  # fmt: skip
     pyarrow, petastorm = versions.get("pyarrow"), versions.get("petastorm")
     if petastorm is None:
-        checks.append(Check("petastorm", None, "not installed (optional: hvdrunner.data needs "
-                            "none; petastorm 0.13.1 works only with pyarrow < 15)", required=False))  # fmt: skip
+        checks.append(Check("petastorm", None, "not installed (optional: hvdrunner.petastorm "
+                            "offers its converter API; petastorm 0.13.1 works only with pyarrow < 15)",
+                            required=False))  # fmt: skip
     else:
         ok = pyarrow is not None and int(pyarrow.split(".")[0]) < 15
         checks.append(Check(
             f"petastorm {petastorm} with pyarrow < 15", ok, f"pyarrow {pyarrow}",
             "pip install pyarrow==14.0.2, or pip uninstall petastorm (it cannot import with "
-            "pyarrow >= 16 and fails on 15: 'validate_schema'; hvdrunner.data does not need it)"))  # fmt: skip
+            "pyarrow >= 16 and fails on 15: 'validate_schema'; import the converter from "
+            "hvdrunner.petastorm.spark instead)"))  # fmt: skip
     spark = versions.get("pyspark")
     checks.append(Check("pyspark", spark is not None, spark or "not installed",
                         "pip install pyspark (3.5 with lts, 4.1 with modern and torch)"))  # fmt: skip
