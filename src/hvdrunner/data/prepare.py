@@ -16,17 +16,19 @@ from hvdrunner._logging import get_logger
 from hvdrunner.data.cache import cache_key, file_rows, input_identity, load, verified
 from hvdrunner.data.handle import _FORMAT, _META, DEFAULT_CACHE_DIR, PreparedData
 from hvdrunner.data.reader import Column
+from hvdrunner.data.schema import (
+    DTYPES,
+    array_checks,
+    array_type,
+    column_kind,
+    column_spec,
+    is_floating,
+    own_float,
+)
 
 _TARGET_FILE_BYTES = 16 * 1024 * 1024
-_DTYPES = {"float32": "float", "float64": "double"}  # and None: each column's own
 # Spark's Parquet codecs (spark.sql.parquet.compression.codec); None: Spark's default (snappy).
 _CODECS = ("uncompressed", "snappy", "gzip", "lzo", "brotli", "lz4", "zstd", "bzip2", "deflate")
-_UNSUPPORTED_HINT = {
-    "StringType": "encode it as a number first (e.g. pyspark.ml.feature.StringIndexer)",
-    "MapType": "select the needed keys into numeric columns",
-    "StructType": "select its numeric fields as separate columns",
-    "BinaryType": "decode it in Spark into a numeric array column",
-}
 
 
 _log = get_logger("hvdrunner.data")
@@ -44,30 +46,6 @@ def _check_driver() -> None:
             "hvdrunner.data.prepare() runs on the driver: it launches Spark jobs. Call it "
             "before HorovodRunner.run() and pass the returned handle to your function."
         )
-
-
-def _column_kind(name: str, dtype: Any) -> tuple[str, int]:
-    """('scalar'|'array'|'vector', array depth) or ValueError naming the column."""
-    from pyspark.ml.linalg import VectorUDT
-    from pyspark.sql import types as T
-
-    numeric = (T.NumericType, T.BooleanType)
-    if isinstance(dtype, numeric):
-        return "scalar", 0
-    if isinstance(dtype, VectorUDT):
-        return "vector", 1
-    depth, inner = 0, dtype
-    while isinstance(inner, T.ArrayType):
-        depth, inner = depth + 1, inner.elementType
-    if depth and isinstance(inner, numeric) and depth <= 2:
-        return "array", depth
-    type_name = type(inner if depth else dtype).__name__
-    hint = _UNSUPPORTED_HINT.get(type_name, "convert it to numbers or arrays of numbers in Spark")
-    raise ValueError(
-        f"column {name!r} has type {dtype.simpleString()}, which cannot be fed to a model as a "
-        f"tensor: {hint}. Supported: numeric/boolean scalars, (nested up to 2) arrays of "
-        f"numbers of fixed length, ML vectors."
-    )
 
 
 def _check_location(cache_dir: str, master: str, shared: bool = False) -> _paths.Location:
@@ -144,7 +122,7 @@ def prepare(
             f"cache_dir={cache_dir!r} is empty; pass a directory, or leave it out for the "
             f"default {DEFAULT_CACHE_DIR}"
         )
-    if dtype is not None and dtype not in _DTYPES:
+    if dtype is not None and dtype not in DTYPES:
         raise ValueError(
             f"dtype={dtype!r} is not supported; pass 'float32', 'float64' or None (floating "
             f"columns are cast to it, None keeps their own; integer columns keep their type)"
@@ -210,7 +188,7 @@ def _materialize(
             "the DataFrame is empty: there is nothing to train on. Check its filters and source."
         )
     columns = [
-        _column_spec(name, kinds[name], fields[name], stats, shapes, dtype) for name in wanted
+        column_spec(name, kinds[name], fields[name], stats, shapes, dtype) for name in wanted
     ]
     meta = {
         "features": list(feats), "label": label, "single_feature": isinstance(features, str),
@@ -237,7 +215,7 @@ def _check_columns(
     for name in shapes:
         if name not in wanted:
             raise ValueError(f"shapes names {name!r}, which is not a feature or label column")
-    return wanted, fields, {name: _column_kind(name, fields[name]) for name in wanted}
+    return wanted, fields, {name: column_kind(name, fields[name]) for name in wanted}
 
 
 def _cached(
@@ -276,93 +254,15 @@ def _select(
         col = F.col(name)
         if kind == "vector":
             col = vector_to_array(col, dtype=dtype or "float64")
-        elif _is_floating(fields[name]):
-            col = col.cast(_array_type(depth, dtype or _own_float(fields[name])))
+        elif is_floating(fields[name]):
+            col = col.cast(array_type(depth, dtype or own_float(fields[name])))
         exprs.append(col.alias(name))
         aggs.append(F.sum(F.col(name).isNull().cast("long")).alias(f"{name}__nulls"))
     for name in wanted:
         kind, depth = kinds[name]
         if kind != "scalar":
-            aggs += _array_checks(name, depth)
+            aggs += array_checks(name, depth)
     return df.select(*exprs), aggs
-
-
-def _array_checks(name: str, depth: int) -> list[Any]:
-    """Length bounds and null elements of an array column (nested: both levels)."""
-    from pyspark.sql import functions as F
-
-    col = F.col(name)
-    flat = F.flatten(col) if depth == 2 else col
-    # A null element would become NaN (floats) or INT64_MIN (ints) in a batch.
-    null_elem = F.exists(flat, lambda x: x.isNull())
-    aggs = [F.min(F.size(flat)).alias(f"{name}__min"), F.max(F.size(flat)).alias(f"{name}__max")]
-    if depth == 2:
-        null_elem = null_elem | F.exists(col, lambda a: a.isNull())
-        inner = F.transform(col, lambda a: F.size(a))
-        aggs += [
-            F.min(F.size(col)).alias(f"{name}__outer_min"),
-            F.max(F.size(col)).alias(f"{name}__outer_max"),
-            F.min(F.array_min(inner)).alias(f"{name}__inner_min"),
-            F.max(F.array_max(inner)).alias(f"{name}__inner_max"),
-        ]
-    aggs.append(F.sum(F.coalesce(null_elem, F.lit(True)).cast("long")).alias(f"{name}__null_elems"))
-    return aggs
-
-
-def _column_spec(
-    name: str, kind_depth: tuple[str, int], spark_type: Any, stats: dict[str, Any],
-    shapes: dict[str, Sequence[int]], dtype: str | None,
-) -> Column:  # fmt: skip
-    """The column as the ranks will read it, or ValueError for nulls and ragged arrays."""
-    if stats[f"{name}__nulls"]:
-        raise ValueError(
-            f"column {name!r} has {stats[f'{name}__nulls']} null rows; fill them "
-            f"(df.fillna) or filter them out before prepare()."
-        )
-    kind, depth = kind_depth
-    shape = () if kind == "scalar" else _array_shape(name, depth, stats)
-    if name in shapes:
-        wanted_shape = tuple(int(s) for s in shapes[name])
-        if math.prod(wanted_shape) != math.prod(shape or (1,)):
-            raise ValueError(
-                f"shapes[{name!r}]={wanted_shape} does not fit rows of {math.prod(shape or (1,))} values"
-            )
-        shape = wanted_shape
-    if kind == "vector":
-        np_dtype = dtype or "float64"
-    elif _is_floating(spark_type):
-        np_dtype = dtype or _own_float(spark_type)
-    else:
-        np_dtype = _numpy_name(spark_type)
-    return Column(name, np_dtype, shape, depth)
-
-
-def _array_shape(name: str, depth: int, stats: dict[str, Any]) -> tuple[int, ...]:
-    if stats[f"{name}__null_elems"]:
-        raise ValueError(
-            f"column {name!r} has {stats[f'{name}__null_elems']} rows with null "
-            f"elements inside their arrays (they would become NaN or INT64_MIN in a "
-            f"batch); replace them in Spark first, e.g. F.transform(col, lambda x: "
-            f"F.coalesce(x, F.lit(0))), or filter those rows out."
-        )
-    lo, hi = stats[f"{name}__min"], stats[f"{name}__max"]
-    if lo != hi:
-        raise ValueError(
-            f"column {name!r} holds ragged arrays (lengths {lo}..{hi}); a batch needs "
-            f"one length. Pad or truncate them in Spark (e.g. F.slice) first."
-        )
-    if depth == 1:
-        return (hi,)
-    outer_len = (stats[f"{name}__outer_min"], stats[f"{name}__outer_max"])
-    inner_len = (stats[f"{name}__inner_min"], stats[f"{name}__inner_max"])
-    if outer_len[0] != outer_len[1] or inner_len[0] != inner_len[1]:
-        raise ValueError(
-            f"column {name!r} holds nested arrays of unequal shape (outer lengths "
-            f"{outer_len[0]}..{outer_len[1]}, inner lengths {inner_len[0]}.."
-            f"{inner_len[1]}); every row must have the same (outer, inner) shape. "
-            f"Pad or reshape in Spark."
-        )
-    return (outer_len[0], inner_len[0])
 
 
 def _write(
@@ -408,41 +308,3 @@ def _write(
     prepared = load(final.local_path)
     assert prepared is not None
     return prepared  # a concurrent prepare may have won the rename: same key, same data
-
-
-def _is_floating(dtype: Any) -> bool:
-    from pyspark.sql import types as T
-
-    while isinstance(dtype, T.ArrayType):
-        dtype = dtype.elementType
-    return isinstance(dtype, (T.FloatType, T.DoubleType, T.DecimalType))
-
-
-def _own_float(dtype: Any) -> str:
-    """The numpy name a floating Spark type keeps under ``dtype=None`` (decimals: float64)."""
-    from pyspark.sql import types as T
-
-    while isinstance(dtype, T.ArrayType):
-        dtype = dtype.elementType
-    return "float32" if isinstance(dtype, T.FloatType) else "float64"
-
-
-def _array_type(depth: int, dtype: str) -> str:
-    base = _DTYPES[dtype]
-    for _ in range(depth):
-        base = f"array<{base}>"
-    return base
-
-
-def _numpy_name(dtype: Any) -> str:
-    from pyspark.sql import types as T
-
-    while isinstance(dtype, T.ArrayType):
-        dtype = dtype.elementType
-    return {
-        T.ByteType: "int8",
-        T.ShortType: "int16",
-        T.IntegerType: "int32",
-        T.LongType: "int64",
-        T.BooleanType: "bool",
-    }[type(dtype)]
