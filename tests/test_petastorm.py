@@ -266,3 +266,23 @@ def test_the_torch_loader_gives_dicts_of_tensors_and_equal_batches(spark, parent
         it = iter(loader)
         assert len([next(it) for _ in range(20)]) == 20  # past one pass (7 batches)
     converter.delete()
+
+
+def test_reader_arguments_map_onto_the_read_options(monkeypatch, caplog):
+    from hvdrunner.petastorm.options import read_options
+
+    opts = read_options(["row", "x"], None, 3, 5, None, {"cur_shard": 1, "shard_count": 4,
+                                                        "seed": 9, "schema_fields": ["x"]})  # fmt: skip
+    assert (opts.batch_size, opts.num_epochs, opts.read_ahead) == (32, 3, 5)  # petastorm's 32
+    assert (opts.cur_shard, opts.shard_count, opts.seed, opts.fields) == (1, 4, 9, ("x",))
+    assert read_options(["x"], 8, None, None, 0, {"shuffle_row_groups": False}).shuffle is False
+    assert read_options(["x"], 8, None, None, 0, {"shuffle_rows": True,
+                                                  "shuffle_row_groups": False}).shuffle  # fmt: skip
+    assert read_options(["x"], 8, None, None, 0, {"reader_pool_type": "thread",
+                                                  "cache_type": "null"}).shuffle  # fmt: skip
+    # No shards inside a job of 2 ranks: every rank reads everything, as petastorm - said.
+    monkeypatch.setenv("HOROVOD_SIZE", "2")
+    with caplog.at_level("WARNING", logger="hvdrunner"):
+        whole = read_options(["x"], 8, None, None, None, {})
+    assert (whole.cur_shard, whole.shard_count) == (0, 1)
+    assert "every rank reads the whole data set" in caplog.text
