@@ -101,3 +101,16 @@ def test_metric_averaging_reduces_the_sorted_scalars_in_one_call():
     assert average(logs, size=1, allreduce=allreduce) == {"accuracy": 1.0, "loss": 2.0,
                                                           "val_loss": 4.0}  # fmt: skip
     assert len(calls) == 1  # one rank: no collective
+
+
+def test_rank0_first_in_a_job_of_several_ranks_needs_horovod_initialised(monkeypatch):
+    from hvdrunner import rank0_first
+
+    with rank0_first():  # one rank: nothing to wait for
+        pass
+    monkeypatch.setenv("HOROVOD_SIZE", "2")
+    with (
+        pytest.raises(RuntimeError, match=r"needs Horovod initialised first: call hvd.init"),
+        rank0_first(),
+    ):
+        pass

@@ -188,3 +188,29 @@ def test_the_readme_pieces_example_runs_as_written(spark, tmp_path):
     assert last.startswith("HorovodRunner(np=2).run(train")
     logs = eval(compile(last, "README.md", "eval"), namespace)  # noqa: S307
     assert set(logs) == {"loss"} and 0 < logs["loss"] < 0.7  # ln 2 = 0.69 at the start
+
+
+def rank0_first_job(path: str) -> list[str]:
+    """rank0_first under horovod.torch: rank 0's block ends before rank 1's starts."""
+    import sys
+    import time
+
+    import horovod.torch as hvd
+
+    from hvdrunner import rank0_first
+
+    hvd.init()
+    with rank0_first():
+        if hvd.rank() == 0:
+            time.sleep(1.0)  # rank 1 would get in first if it did not wait
+        with open(path, "a") as f:
+            f.write(f"{hvd.rank()}\n")
+    return sorted(m for m in ("tensorflow", "horovod.tensorflow") if m in sys.modules)
+
+
+@pytest.mark.timeout(120)
+def test_rank0_first_runs_rank0_first_without_tensorflow(spark, tmp_path):
+    order = tmp_path / "order"
+    imported = HorovodRunner(np=2).run(rank0_first_job, path=str(order))
+    assert order.read_text().split() == ["0", "1"]
+    assert imported == []  # a torch job on a runtime without TensorFlow works

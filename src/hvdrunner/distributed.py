@@ -12,6 +12,7 @@ import functools
 import os
 import shutil
 import subprocess
+import sys
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any, TypeVar
 
@@ -66,7 +67,8 @@ def on_rank0(fn: F) -> F:
 def rank0_first() -> Iterator[None]:
     """Rank 0 runs the block first (e.g. a download into a shared cache), then the others.
 
-    Needs ``hvd.init()`` to have been called when the job has more than one rank.
+    Needs ``hvd.init()`` to have been called when the job has more than one rank, with any
+    of Horovod's frameworks (``horovod.torch``, ``horovod.tensorflow``, ``hvdrunner.hvd_keras``).
 
     Example:
         >>> with rank0_first():
@@ -75,7 +77,7 @@ def rank0_first() -> Iterator[None]:
     if size() == 1:
         yield
         return
-    import horovod.tensorflow as hvd
+    hvd = _initialized_horovod()
 
     def barrier() -> None:
         # horovod.tensorflow has no barrier(); a broadcast blocks every rank until rank 0 joins.
@@ -88,6 +90,19 @@ def rank0_first() -> Iterator[None]:
     finally:
         if is_rank0():
             barrier()
+
+
+def _initialized_horovod() -> Any:
+    """The Horovod framework module this rank initialised; none is imported here, so a torch
+    job needs no TensorFlow (and a Keras job no torch)."""
+    for name in ("horovod.torch", "horovod.tensorflow"):
+        module = sys.modules.get(name)
+        if module is not None and module.is_initialized():
+            return module
+    raise RuntimeError(
+        "rank0_first() in a job of several ranks needs Horovod initialised first: call "
+        "hvd.init() (horovod.torch, horovod.tensorflow or hvdrunner.hvd_keras) before it"
+    )
 
 
 def host_gpus() -> list[str]:
