@@ -25,7 +25,7 @@ export PYSPARK_PYTHON := $(abspath $(PY))
 export PYSPARK_DRIVER_PYTHON := $(abspath $(PY))
 export TF_CPP_MIN_LOG_LEVEL ?= 2
 
-.PHONY: demo test test-all test-tf-keras env doctor lint bench clean-env
+.PHONY: demo test test-all test-tf-keras docs env doctor lint bench clean-env
 
 demo: $(STAMP)        ## the main job: 2 Horovod ranks on local Spark, MLflow in ./mlflow.db
 	$(PY) -m hvdrunner demo --framework $(FRAMEWORK)
@@ -39,6 +39,9 @@ test-all: $(STAMP)    ## every test $(STACK)'s frameworks can run, framework-ind
 test-tf-keras: $(STAMP)  ## modern only: the mode-specific Keras tests in tf_keras mode (TF_USE_LEGACY_KERAS=1)
 	@[ "$(STACK)" = modern ] || { echo "test-tf-keras needs STACK=modern (tf_keras mode is TF >= 2.16)"; exit 2; }
 	TF_USE_LEGACY_KERAS=1 $(PY) -m pytest -m keras_mode $(PYTEST_ARGS)
+
+docs: $(STAMP)        ## the docs site, built strictly (mkdocs.yml) into .hvdrunner/site
+	$(PY) -m mkdocs build --strict
 
 env: $(STAMP)
 

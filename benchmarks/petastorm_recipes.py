@@ -29,7 +29,7 @@ DROP_IN = "from hvdrunner.petastorm.spark import"
 
 
 def recipe(name: str) -> str:
-    found = re.search(rf"<!-- recipe: {name} -->\n```python\n(.*?)```", DOC.read_text(), re.S)
+    found = re.search(rf"<!-- recipe: {name}[^>]*-->\n```python\n(.*?)```", DOC.read_text(), re.S)
     if not found:
         raise SystemExit(f"docs/petastorm.md has no {name} recipe")
     return found.group(1)

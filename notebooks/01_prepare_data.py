@@ -7,7 +7,7 @@
 # MAGIC | widget | meaning | default |
 # MAGIC |---|---|---|
 # MAGIC | `source` | `sklearn:digits` (bundled, no download), a table name, or a path | `sklearn:digits` |
-# MAGIC | `output_dir` | where train/test are written (`/Volumes/…`, `dbfs:/…`, a local dir off Databricks) | `/Volumes/main/default/hvdrunner/data` |
+# MAGIC | `output_dir` | where train/test are written (`/Volumes/…`, `dbfs:/…`, a local dir off Databricks) | `/Volumes/main/default/hvdrunner/data` on Databricks, `./.hvdrunner/data` elsewhere |
 # MAGIC | `test_fraction` | share of rows held out for testing | `0.2` |
 # MAGIC
 # MAGIC Task values set: `train_path`, `test_path`.
@@ -23,8 +23,10 @@ dbutils.library.restartPython()
 
 # COMMAND ----------
 
+from hvdrunner.notebook import default_dir
+
 dbutils.widgets.text("source", "sklearn:digits", "Source")
-dbutils.widgets.text("output_dir", "/Volumes/main/default/hvdrunner/data", "Output directory")
+dbutils.widgets.text("output_dir", default_dir("data"), "Output directory")
 dbutils.widgets.text("test_fraction", "0.2", "Test fraction")
 
 # COMMAND ----------

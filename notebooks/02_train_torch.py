@@ -14,7 +14,7 @@
 # MAGIC | `warmup_epochs` | linear LR warmup | `2` |
 # MAGIC | `experiment` | MLflow experiment (a workspace path on Databricks) | `hvdrunner-digits` |
 # MAGIC | `checkpoint_dir` | rank-0 checkpoints; a retried job resumes from them (empty: none) | `` |
-# MAGIC | `cache_dir` | where the DataFrame is materialized for the ranks (every node must see it) | `/Volumes/main/default/hvdrunner/cache` |
+# MAGIC | `cache_dir` | where the DataFrame is materialized for the ranks (every node must see it) | `/Volumes/main/default/hvdrunner/cache` on Databricks, `./.hvdrunner/cache` elsewhere |
 # MAGIC | `train_path` | training data (empty: task value of `prepare_data`; set it when running by hand) | `` |
 # MAGIC
 # MAGIC Task values set: `model_uri`, `run_id`.
@@ -30,6 +30,8 @@ dbutils.library.restartPython()
 
 # COMMAND ----------
 
+from hvdrunner.notebook import default_dir
+
 dbutils.widgets.text("np", "2", "Horovod ranks")
 dbutils.widgets.text("epochs", "10", "Epochs")
 dbutils.widgets.text("batch_size", "32", "Batch size per rank")
@@ -37,7 +39,7 @@ dbutils.widgets.text("learning_rate", "0.001", "Learning rate (before scaling)")
 dbutils.widgets.text("warmup_epochs", "2", "Warmup epochs")
 dbutils.widgets.text("experiment", "hvdrunner-digits", "MLflow experiment")
 dbutils.widgets.text("checkpoint_dir", "", "Checkpoint directory")
-dbutils.widgets.text("cache_dir", "/Volumes/main/default/hvdrunner/cache", "Data cache directory")
+dbutils.widgets.text("cache_dir", default_dir("cache"), "Data cache directory")
 dbutils.widgets.text("train_path", "", "Training data path")
 
 # COMMAND ----------

@@ -11,7 +11,7 @@
 # MAGIC | `train_task` | the training task whose model is scored: `train_keras` or `train_torch` | `train_keras` |
 # MAGIC | `model_uri` | MLflow model (empty: task value of `train_task`) | `` |
 # MAGIC | `run_id` | run to log `test_accuracy` to (empty: task value of `train_task`) | `` |
-# MAGIC | `predictions_path` | where predictions are written | `/Volumes/main/default/hvdrunner/predictions` |
+# MAGIC | `predictions_path` | where predictions are written | `/Volumes/main/default/hvdrunner/predictions` on Databricks, `./.hvdrunner/predictions` elsewhere |
 
 # COMMAND ----------
 
@@ -24,11 +24,13 @@ dbutils.library.restartPython()
 
 # COMMAND ----------
 
+from hvdrunner.notebook import default_dir
+
 dbutils.widgets.text("test_path", "", "Test data path")
 dbutils.widgets.text("train_task", "train_keras", "Training task")
 dbutils.widgets.text("model_uri", "", "Model URI")
 dbutils.widgets.text("run_id", "", "MLflow run id")
-dbutils.widgets.text("predictions_path", "/Volumes/main/default/hvdrunner/predictions", "Predictions path")
+dbutils.widgets.text("predictions_path", default_dir("predictions"), "Predictions path")
 
 # COMMAND ----------
 

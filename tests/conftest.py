@@ -138,7 +138,7 @@ def store(tmp_path: Path, empty_mlflow_db: Path):
     while mlflow.active_run():
         mlflow.end_run()
     mlflow.set_tracking_uri(previous)
-    # The README promises no run is left RUNNING: a test that leaves one active has found
+    # docs/faults.md promises no run is left RUNNING: a test that leaves one active has found
     # that bug (ended here so the next test starts clean, then reported).
     if left is not None:
         pytest.fail(f"the test left MLflow run {left.info.run_id} active (RUNNING)")

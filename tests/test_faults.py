@@ -153,7 +153,7 @@ def test_a_stalled_collective_fails_naming_the_rank_that_did_not_join(request, n
     _no_spark_job_left(request, np_)
 
 
-#: README, "Failure semantics": a failed rank ends the job in ~1-3 s. Asserted with room
+#: docs/faults.md: a failed rank ends the job in ~1-3 s. Asserted with room
 #: for a shared 2-core machine running another suite beside it (5 s failed once there).
 RANK_FAILURE_BOUND_S = 10.0
 

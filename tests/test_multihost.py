@@ -32,7 +32,7 @@ sys.path.insert(0, str(Path(__file__).parent / "helpers"))
 from netns_cluster import sweep, unavailable  # noqa: E402
 
 JOB = Path(__file__).parent / "helpers" / "multihost_job.py"
-#: The documented bound (README, "Failure semantics"): a lost host ends the job within it.
+#: The documented bound (docs/faults.md): a lost host ends the job within it.
 LOST_HOST_BOUND_S = 15.0
 SETUP_ERROR_BOUND_S = 60.0
 

@@ -222,23 +222,32 @@ def test_failed_notebook_ends_its_open_run_failed(tmp_path, store):
     assert mlflow.get_run(run_id).info.status == "FAILED"
 
 
-def test_shipped_notebooks_run_by_hand_refuse_missing_inputs_with_the_fix(tmp_path, capsys):
-    # As opened on a cluster: no task values, widget defaults. Train needs its train_path,
-    # and the volume default is refused where no /Volumes mount exists (off Databricks).
+def test_shipped_notebooks_run_by_hand_refuse_missing_inputs_with_the_fix(
+    tmp_path, capsys, monkeypatch
+):
+    # As opened by hand: no task values, widget defaults. Train needs its train_path; off
+    # Databricks the folder defaults are local (./.hvdrunner/...), so 01 runs unchanged, and
+    # a volume path given where no /Volumes mount exists is refused, naming it.
     from hvdrunner.notebook import run
 
+    monkeypatch.chdir(tmp_path)
     notebooks = Path(__file__).resolve().parents[1] / "notebooks"
     code = run([str(notebooks / "02_train_keras.py")], {}, str(tmp_path / "tv.json"), "local[1]",
                job=False)  # fmt: skip
     assert code == 1
     assert "widget 'train_path' is empty" in capsys.readouterr().err
-    if os.path.isdir("/Volumes"):
-        return  # a machine with a /Volumes folder (macOS) accepts the volume default
     code = run([str(notebooks / "01_prepare_data.py")], {}, str(tmp_path / "tv.json"), "local[1]",
                job=False)  # fmt: skip
+    assert code == 0, capsys.readouterr().err
+    assert sorted(p.name for p in (tmp_path / ".hvdrunner" / "data").iterdir()) == ["test", "train"]
+    if os.path.isdir("/Volumes"):
+        return  # a machine with a /Volumes folder (macOS) accepts a volume path
+    volume = "/Volumes/main/default/hvdrunner/data"
+    code = run([str(notebooks / "01_prepare_data.py")], {"output_dir": volume},
+               str(tmp_path / "tv.json"), "local[1]", job=False)  # fmt: skip
     assert code == 1
     err = capsys.readouterr().err
-    assert "/Volumes/main/default/hvdrunner/data" in err and "no /Volumes mount" in err
+    assert volume in err and "no /Volumes mount" in err
 
 
 def test_run_leaves_a_spark_session_it_did_not_create_running(spark, tmp_path):

@@ -22,7 +22,7 @@ SAME = 0.04
 
 def recipe(name: str) -> str:
     """The ``<!-- recipe: name -->`` code block of docs/petastorm.md, as a user copies it."""
-    found = re.search(rf"<!-- recipe: {name} -->\n```python\n(.*?)```", DOC.read_text(), re.S)
+    found = re.search(rf"<!-- recipe: {name}[^>]*-->\n```python\n(.*?)```", DOC.read_text(), re.S)
     assert found, f"docs/petastorm.md lost its {name} recipe"
     return found.group(1)
 

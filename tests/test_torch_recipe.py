@@ -159,17 +159,17 @@ def test_the_builder_keys_and_checks_the_torch_build(tmp_path):
     assert importlib.util.find_spec("horovod._hvdrunner_torch_cxx17") is not None
 
 
-def _readme_block(marker: str) -> str:
-    text = (ROOT / "README.md").read_text()
+def _doc_block(marker: str) -> str:
+    text = (ROOT / "docs" / "pytorch.md").read_text()
     start = text.index(marker)
     start = text.rindex("```python\n", 0, start) + len("```python\n")
     return text[start : text.index("```", start)]
 
 
 @pytest.mark.timeout(240)
-def test_the_readme_pieces_example_runs_as_written(spark, tmp_path):
-    # The README's `hvdrunner.torch` loop, executed verbatim (only its last line's `data`
-    # and `build_model` come from here), on 2 Spark barrier tasks.
+def test_the_docs_pieces_example_runs_as_written(spark, tmp_path):
+    # docs/pytorch.md's `hvdrunner.torch` loop, executed verbatim (only its last line's
+    # `data` and `build_model` come from here), on 2 Spark barrier tasks.
     import pandas as pd
     import torch
 
@@ -180,13 +180,13 @@ def test_the_readme_pieces_example_runs_as_written(spark, tmp_path):
     frame = pd.DataFrame({"x": x.tolist(), "label": (x[:, 0] > 0).astype("int64")})
     data = prepare(spark.createDataFrame(frame), features="x", label="label",
                    cache_dir=str(tmp_path))  # fmt: skip
-    code = _readme_block("import hvdrunner.torch as ht")
-    namespace = {"__name__": "readme_example", "HorovodRunner": HorovodRunner, "data": data,
+    code = _doc_block("import hvdrunner.torch as ht")
+    namespace = {"__name__": "docs_example", "data": data,
                  "build_model": lambda: torch.nn.Linear(8, 2)}  # fmt: skip
     body, last = code.rstrip().rsplit("\n", 1)
-    exec(compile(body, "README.md", "exec"), namespace)  # noqa: S102 - the doc under test
+    exec(compile(body, "docs/pytorch.md", "exec"), namespace)  # noqa: S102 - the doc under test
     assert last.startswith("HorovodRunner(np=2).run(train")
-    logs = eval(compile(last, "README.md", "eval"), namespace)  # noqa: S307
+    logs = eval(compile(last, "docs/pytorch.md", "eval"), namespace)  # noqa: S307
     assert set(logs) == {"loss"} and 0 < logs["loss"] < 0.7  # ln 2 = 0.69 at the start
 
 

@@ -53,6 +53,8 @@ def _demo(args: argparse.Namespace) -> int:
     # MLflow's sqlite store narrates its schema migrations at INFO (alembic): not news to
     # someone running a demo. Real warnings still show.
     os.environ.setdefault("MLFLOW_LOGGING_LEVEL", "WARNING")
+    # One store on every stack: MLflow 2.13 (lts) would default to ./mlruns, 3.8 to sqlite.
+    os.environ.setdefault("MLFLOW_TRACKING_URI", "sqlite:///mlflow.db")
     import mlflow
 
     logging.getLogger("alembic").setLevel(logging.WARNING)

@@ -69,7 +69,7 @@ def fit(
     callback sees them, so an ``EarlyStopping`` in ``callbacks`` decides the same on every
     rank (a rank that stopped alone would hang the others).
 
-    Gradient exchange knobs (see the README's performance section for measured effects):
+    Gradient exchange knobs (measured effects: docs/benchmarks.md):
     ``compression="fp16"`` sends gradients as float16 (half the bytes per allreduce);
     ``backward_passes_per_step=N`` averages N batches' gradients locally and exchanges once
     per N batches (N times fewer allreduces; one update per N batches, so an effective

@@ -3,14 +3,15 @@
 - ``run``: the cell runner (``python -m hvdrunner.notebook run NOTEBOOK... --param k=v``).
 - ``shim``: the local ``dbutils`` (widgets, task values, ``notebook.exit``,
   ``library.restartPython``) and ``display``.
-- ``upstream``: a widget's value, else an upstream task's value (the shipped notebooks).
+- ``upstream``: a widget's value, else an upstream task's value (the shipped notebooks);
+  ``default_dir``: a folder default that is a volume on Databricks, local elsewhere.
 
 Example:
     >>> from hvdrunner.notebook import run  # doctest: +SKIP
     >>> run(["notebooks/01_prepare_data.py"], {"np": "2"}, ".hvdrunner/tv.json", "local[2]")
 """
 
-from hvdrunner.notebook.params import upstream
+from hvdrunner.notebook.params import default_dir, upstream
 from hvdrunner.notebook.run import (
     NotebookError,
     check_params,
@@ -28,6 +29,7 @@ __all__ = [
     "NotebookError",
     "NotebookExit",
     "check_params",
+    "default_dir",
     "main",
     "parse",
     "run",

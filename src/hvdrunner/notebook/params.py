@@ -2,7 +2,24 @@
 
 from __future__ import annotations
 
+import os
 from typing import Any
+
+#: Where the shipped notebooks keep their files on Databricks when no widget says otherwise.
+DATABRICKS_ROOT = "/Volumes/main/default/hvdrunner"
+
+
+def default_dir(name: str) -> str:
+    """A notebook's default folder ``name``: under :data:`DATABRICKS_ROOT` on Databricks,
+    under ``./.hvdrunner`` anywhere else, so the notebooks run unchanged on a laptop.
+
+    Example:
+        >>> default_dir("data")  # off Databricks  # doctest: +SKIP
+        '/home/me/project/.hvdrunner/data'
+    """
+    if "DATABRICKS_RUNTIME_VERSION" in os.environ:
+        return f"{DATABRICKS_ROOT}/{name}"
+    return os.path.join(os.getcwd(), ".hvdrunner", name)
 
 
 def upstream(dbutils: Any, widget: str, task: str, key: str | None = None) -> Any:
