@@ -290,6 +290,70 @@ def test_local_variables_keep_their_own_values_and_gradients(module):
     assert not np.allclose(heads[1], initial[1])  # and it trained
 
 
+def partial_recipe(hvd_module: str) -> list:
+    """Horovod's own test of PartialDistributedOptimizer (test_tensorflow2_keras.py): 0, 1
+    and 2 local layers, one fit step each through the module's normal path. Weights start at
+    the rank's number, so an averaged gradient differs from a rank's own; SGD(1.0) makes the
+    step the gradient."""
+    import horovod.tensorflow as hvd_tf
+    import tensorflow as tf
+
+    hvd = importlib.import_module(hvd_module)
+    hvd.init()
+    out = []
+    for num_local in range(3):
+        init = tf.keras.initializers.Constant(hvd.rank() + 1.0)
+        model = tf.keras.Sequential([
+            tf.keras.Input(shape=(3,)),
+            tf.keras.layers.Dense(2, kernel_initializer=init, bias_initializer=init),
+            tf.keras.layers.Dense(3, kernel_initializer=init, bias_initializer=init),
+        ])  # fmt: skip
+        x = np.full((4, 3), 1.0 + hvd.rank(), "float32")
+        y = np.zeros((4, 3), "float32")
+        with tf.GradientTape() as tape:
+            loss = tf.keras.losses.MeanSquaredError()(y, model(x, training=True))
+        own = [g.numpy() for g in tape.gradient(loss, model.trainable_weights)]
+        before = [w.numpy() for w in model.trainable_weights]
+        opt = hvd.PartialDistributedOptimizer(tf.keras.optimizers.SGD(1.0),
+                                              local_layers=model.layers[:num_local])  # fmt: skip
+        model.compile(optimizer=opt, loss="mse")
+        model.fit(x, y, batch_size=4, epochs=1, shuffle=False, verbose=0)
+        step = [b - w.numpy() for b, w in zip(before, model.trainable_weights, strict=True)]
+        out.append({"own": [g.tolist() for g in own], "step": [s.tolist() for s in step]})
+    return hvd_tf.allgather_object(out)
+
+
+# Horovod's horovod.keras beside hvdrunner's where it works (Keras 2): the same steps.
+PARTIAL_MODULES = ["hvdrunner.hvd_keras"] + ([] if MODE == "keras3" else ["horovod.keras"])
+
+
+@pytest.mark.timeout(300)
+def test_partial_distributed_optimizer_keeps_local_layers_gradients_local():
+    steps = {}
+    for module in PARTIAL_MODULES:
+        ranks = HorovodRunner(np=-2).run(partial_recipe, hvd_module=module)
+        for num_local in range(3):
+            own = [[np.array(g) for g in r[num_local]["own"]] for r in ranks]
+            for rank, r in enumerate(ranks):
+                for i, step in enumerate(r[num_local]["step"]):  # 0-1: layer 0, 2-3: layer 1
+                    # local: this rank's own gradient scaled by 1/size; else the ranks' average
+                    local = i // 2 < num_local
+                    expected = own[rank][i] / 2 if local else (own[0][i] + own[1][i]) / 2
+                    np.testing.assert_allclose(step, expected, rtol=1e-5, atol=1e-6)
+        steps[module] = ranks
+    if len(steps) == 2:  # Horovod's layer took the same steps
+        ours, theirs = steps.values()
+        np.testing.assert_allclose(
+            np.concatenate([np.ravel(s) for r in ours for c in r for s in c["step"]]),
+            np.concatenate([np.ravel(s) for r in theirs for c in r for s in c["step"]]),
+            rtol=1e-6, atol=1e-7,
+        )  # fmt: skip
+    with pytest.raises(ValueError, match="All local layers must be of tf.keras.layers.Layer"):
+        importlib.import_module("hvdrunner.hvd_keras").PartialDistributedOptimizer(
+            None, local_layers=["dense"]
+        )
+
+
 def collective_names(hvd_module: str) -> list:
     """Each name user code takes from the Horovod Keras module, called as Horovod documents
     it, on 2 ranks (rank r holds [r+1, 2(r+1)]); names the module lacks are reported."""

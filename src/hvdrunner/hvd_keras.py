@@ -53,6 +53,7 @@ __all__ = [
     "Average",
     "Compression",
     "DistributedOptimizer",
+    "PartialDistributedOptimizer",
     "Sum",
     "allgather",
     "allgather_object",
@@ -113,11 +114,12 @@ def DistributedOptimizer(  # noqa: N802 - Horovod's name
     stays this rank's own). ``op`` must be ``Average`` (what data parallelism needs).
     ``backward_passes_per_step=N`` accumulates N batches locally before one exchange; as in
     Horovod, the N local gradients are summed unless ``average_aggregated_gradients=True``.
-    What only tunes *how* Horovod reduces - devices, ``num_groups``/``groups`` (fusion
-    grouping), ``gradient_predivide_factor`` (where the averaging division happens),
-    ``sparse_as_dense`` (sparse gradients are always reduced dense here),
-    ``scale_local_gradients`` - gives the same averaged gradients and is accepted as such.
-    Only the global process set is supported.
+    ``scale_local_gradients`` (default ``True``, as Horovod) divides the gradients of local
+    variables by the number of ranks. What only tunes *how* Horovod reduces - devices,
+    ``num_groups``/``groups`` (fusion grouping), ``gradient_predivide_factor`` (where the
+    averaging division happens), ``sparse_as_dense`` (sparse gradients are always reduced
+    dense here) - gives the same averaged gradients and is accepted as such. Only the global
+    process set is supported.
 
     Example:
         >>> opt = DistributedOptimizer(tf.keras.optimizers.SGD(0.01 * size()))  # doctest: +SKIP
@@ -142,7 +144,61 @@ def DistributedOptimizer(  # noqa: N802 - Horovod's name
         sparse_as_dense=sparse_as_dense,
         backward_passes_per_step=backward_passes_per_step,
         average_aggregated_gradients=average_aggregated_gradients,
+        scale_local_gradients=scale_local_gradients,
     )
+
+
+def PartialDistributedOptimizer(  # noqa: N802 - Horovod's name
+    optimizer: Any,
+    name: str | None = None,
+    device_dense: str = "",
+    device_sparse: str = "",
+    compression: Any = Compression.none,
+    sparse_as_dense: bool = False,
+    gradient_predivide_factor: float = 1.0,
+    op: Any = Average,
+    backward_passes_per_step: int = 1,
+    average_aggregated_gradients: bool = False,
+    groups: Any = None,
+    process_set: Any = global_process_set,
+    local_layers: Any = None,
+    scale_local_gradients: bool = True,
+) -> Any:
+    """``horovod.keras.PartialDistributedOptimizer``: :func:`DistributedOptimizer` whose
+    ``local_layers`` (a Keras layer or a collection of them) keep their gradients this rank's
+    own - every trainable weight of theirs is registered with ``register_local_var``.
+
+    Example:
+        >>> opt = PartialDistributedOptimizer(tf.keras.optimizers.Adam(),  # doctest: +SKIP
+        ...                                   local_layers=[model.layers[-1]])
+    """
+    layers = _layers(local_layers)
+    opt = DistributedOptimizer(
+        optimizer, name=name, device_dense=device_dense, device_sparse=device_sparse,
+        compression=compression, sparse_as_dense=sparse_as_dense,
+        gradient_predivide_factor=gradient_predivide_factor, op=op,
+        backward_passes_per_step=backward_passes_per_step,
+        average_aggregated_gradients=average_aggregated_gradients, groups=groups,
+        process_set=process_set, scale_local_gradients=scale_local_gradients,
+    )  # fmt: skip
+    for layer in layers:
+        for var in layer.trainable_weights:
+            opt.register_local_var(var)
+    return opt
+
+
+def _layers(local_layers: Any) -> list[Any]:
+    """``local_layers`` as a list of Keras layers; ValueError as Horovod's for anything else."""
+    import tensorflow as tf
+
+    if local_layers is None:
+        return []
+    if isinstance(local_layers, tf.keras.layers.Layer):
+        return [local_layers]
+    layers = list(local_layers)
+    if not all(isinstance(layer, tf.keras.layers.Layer) for layer in layers):
+        raise ValueError("All local layers must be of tf.keras.layers.Layer type.")
+    return layers
 
 
 def broadcast_variables(variables: Sequence[Any], root_rank: int) -> None:

@@ -36,13 +36,15 @@ def variable_key(var: Any) -> int:
 
 
 def allreduce_gradients(
-    grads: list[Any], compression: Any, local: list[bool] | None = None
-) -> list[Any]:
+    grads: list[Any], compression: Any, local: list[bool] | None = None,
+    scale_local: bool = False,
+) -> list[Any]:  # fmt: skip
     """Average ``grads`` over all ranks in one grouped allreduce (graph- and eager-safe).
 
     ``None`` gradients (variables the loss does not touch) stay ``None``; sparse gradients
     (``IndexedSlices`` from embeddings) are made dense first; ``local[i]`` keeps gradient
-    ``i`` as this rank computed it (a variable registered with ``register_local_var``).
+    ``i`` this rank's own (a variable registered with ``register_local_var``), divided by
+    the number of ranks when ``scale_local`` (Horovod's ``scale_local_gradients=True``).
     """
     import horovod.tensorflow as hvd
     import tensorflow as tf
@@ -51,8 +53,13 @@ def allreduce_gradients(
         return list(grads)
     keep = local or [False] * len(grads)
     present = [i for i, g in enumerate(grads) if g is not None and not keep[i]]
+    out = list(grads)
+    if scale_local:  # as Horovod does (its pull/3695): a local gradient is scaled like the rest
+        for i, g in enumerate(grads):
+            if keep[i] and g is not None:
+                out[i] = _scaled(g, 1.0 / hvd.size())
     if not present:
-        return list(grads)
+        return out
     dense = []
     for i in present:
         g = grads[i]
@@ -62,10 +69,17 @@ def allreduce_gradients(
             g = tf.convert_to_tensor(g)
         dense.append(g)
     reduced = hvd.grouped_allreduce(dense, op=hvd.Average, compression=compression)
-    out = list(grads)
     for i, r in zip(present, reduced, strict=True):
         out[i] = r
     return out
+
+
+def _scaled(grad: Any, factor: float) -> Any:
+    import tensorflow as tf
+
+    if isinstance(grad, tf.IndexedSlices):
+        return tf.IndexedSlices(grad.values * factor, grad.indices, grad.dense_shape)
+    return grad * tf.cast(factor, grad.dtype)
 
 
 def _accumulators(opt: Any, grads: list[Any]) -> tuple[Any, list[Any]]:
@@ -110,8 +124,9 @@ def _reduce_and_apply(
 
     passes = opt._hvdrunner_passes
     local = _local_mask(opt, variables)
+    scale = opt.__dict__.get("_hvdrunner_scale_local", True)
     if passes == 1:
-        return apply(allreduce_gradients(grads, opt._hvdrunner_compression, local))
+        return apply(allreduce_gradients(grads, opt._hvdrunner_compression, local, scale))
     counter, accs = _accumulators(opt, grads)
     updates = [
         acc.assign_add(tf.convert_to_tensor(g))
@@ -122,13 +137,13 @@ def _reduce_and_apply(
         count = counter.assign_add(1)
 
     def exchange_and_apply() -> Any:
-        scale = 1.0 / passes if opt._hvdrunner_average_passes else 1.0
+        factor = 1.0 / passes if opt._hvdrunner_average_passes else 1.0
         summed = [
-            None if acc is None or g is None else acc.read_value() * tf.cast(scale, acc.dtype)
+            None if acc is None or g is None else acc.read_value() * tf.cast(factor, acc.dtype)
             for acc, g in zip(accs, grads, strict=True)
         ]
         with tf.control_dependencies(
-            [apply(allreduce_gradients(summed, opt._hvdrunner_compression, local))]
+            [apply(allreduce_gradients(summed, opt._hvdrunner_compression, local, scale))]
         ):
             resets = [acc.assign(tf.zeros_like(acc)) for acc in accs if acc is not None]
         with tf.control_dependencies(resets):
@@ -181,6 +196,7 @@ def distribute(
     sparse_as_dense: bool = True,
     backward_passes_per_step: int = 1,
     average_aggregated_gradients: bool = True,
+    scale_local_gradients: bool = True,
 ) -> Any:
     """Make ``optimizer`` average its gradients over all ranks before applying them.
 
@@ -198,6 +214,8 @@ def distribute(
         average_aggregated_gradients: with ``N > 1``, average the N local gradients (the
             update of one N-times larger batch) rather than sum them (Horovod's default in
             its own ``DistributedOptimizer``, which ``hvd_keras`` keeps).
+        scale_local_gradients: divide the gradients of variables registered local
+            (``register_local_var``) by the number of ranks, as Horovod does by default.
 
     Example:
         >>> opt = distribute(tf.keras.optimizers.Adam(1e-3))  # doctest: +SKIP
@@ -221,6 +239,7 @@ def distribute(
     optimizer._hvdrunner_compression = _compression(compression)
     optimizer._hvdrunner_passes = backward_passes_per_step
     optimizer._hvdrunner_average_passes = bool(average_aggregated_gradients)
+    optimizer._hvdrunner_scale_local = bool(scale_local_gradients)
     optimizer.__class__ = _subclass(type(optimizer), keras3)
     return optimizer
 
