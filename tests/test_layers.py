@@ -89,6 +89,7 @@ def test_the_import_graph_has_no_cycle():
         ("hvdrunner.keras", ("hvdrunner.torch",)),
         ("hvdrunner._launch", ("hvdrunner.keras", "hvdrunner.torch", "hvdrunner.tracking")),
         ("hvdrunner.data", ("hvdrunner.keras", "hvdrunner.torch", "hvdrunner.petastorm")),
+        ("hvdrunner.tracking", ("hvdrunner.keras", "hvdrunner.torch", "hvdrunner._launch")),
         # petastorm's API over the data layer: its torch feed may use torch's tensor helper
         ("hvdrunner.petastorm", ("hvdrunner.keras", "hvdrunner._launch", "hvdrunner.tracking",
                                  "hvdrunner.runner")),
@@ -114,3 +115,42 @@ def test_the_scan_finds_function_local_imports(tmp_path, monkeypatch):
     assert _imports(fake) >= {"hvdrunner.b", "hvdrunner.c"}
     assert _cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == ["a", "b", "c", "a"]
     assert _cycle({"a": {"b"}, "b": set()}) is None
+
+
+#: Framework imports (TensorFlow, Keras, torch and Horovod's layers for them) live in the
+#: adapters: keras/, torch/, hvd_keras.py. The places outside them, and why:
+FRAMEWORK_HOMES = {
+    # PreparedData.tf_dataset's feed (a public method of the data handle): TensorFlow is
+    # imported inside its functions, only when a TensorFlow rank asks for a dataset.
+    "hvdrunner.data.tf_feed",
+    # petastorm's make_tf_dataset, the TensorFlow half of its converter API.
+    "hvdrunner.petastorm.tf_dataset",
+}
+FRAMEWORKS = ("tensorflow", "torch", "keras", "tf_keras", "horovod.tensorflow", "horovod.torch",
+              "horovod.keras", "horovod._keras")  # fmt: skip
+
+
+def _framework_imports(path: Path) -> set[str]:
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        names = []
+        if isinstance(node, ast.Import):
+            names = [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
+            names = [node.module]
+        found |= {n for n in names if any(n == f or n.startswith(f + ".") for f in FRAMEWORKS)}
+    return found
+
+
+def test_frameworks_are_imported_only_in_their_adapters():
+    adapters = ("hvdrunner.keras", "hvdrunner.torch", "hvdrunner.hvd_keras")
+    outside = {}
+    for path in sorted(PKG.rglob("*.py")):
+        module = _module(path)
+        if module.startswith(adapters) or module in FRAMEWORK_HOMES:
+            continue
+        if found := _framework_imports(path):
+            outside[module] = sorted(found)
+    assert not outside, f"framework imports outside the adapters: {outside}"
+    for home in FRAMEWORK_HOMES:  # each exception still needs its framework (or goes)
+        assert _framework_imports(SRC / (home.replace(".", "/") + ".py")), home

@@ -25,7 +25,7 @@ def train_tracked(epochs: int) -> dict:
     import tensorflow as tf
 
     import hvdrunner.hvd_keras as hvd
-    from hvdrunner.keras import MLflowCallback
+    from hvdrunner.keras import MLflowCallback, log_model
 
     hvd.init()
     tracking.log_params({"epochs": epochs, "lr": 0.05})  # every rank calls; rank 0 writes
@@ -54,7 +54,7 @@ def train_tracked(epochs: int) -> dict:
             MLflowCallback(),
         ],
     )
-    uri = tracking.log_model(model, input_example=x[:4])
+    uri = log_model(model, input_example=x[:4])
     return {
         "uri": uri,
         "loss": hist.history["loss"],
@@ -264,3 +264,11 @@ def test_an_active_run_the_ranks_cannot_reach_is_refused_before_launch(store, tm
     assert message.startswith(f"the active MLflow run {run.info.run_id} is not reachable")
     assert other in message and "mlflow.set_tracking_uri" in message
     assert elapsed < 30  # one bounded try, not MLflow's minutes of retries
+
+
+def test_model_logging_lives_with_its_framework():
+    # tracking imports no framework; its old names say where they went.
+    with pytest.raises(AttributeError, match=r"moved to hvdrunner.keras.log_model"):
+        tracking.log_model  # noqa: B018
+    with pytest.raises(AttributeError, match=r"moved to hvdrunner.torch.log_model"):
+        tracking.log_pytorch_model  # noqa: B018

@@ -6,7 +6,6 @@ Ranks read only through this handle: it holds URLs, row counts and the schema, n
 from __future__ import annotations
 
 import contextlib
-import functools
 import math
 import os
 import shutil
@@ -16,6 +15,7 @@ from typing import Any
 
 import numpy as np
 
+from hvdrunner.data import tf_feed
 from hvdrunner.data.reader import (
     READ_AHEAD,
     Column,
@@ -23,8 +23,6 @@ from hvdrunner.data.reader import (
     epoch_indices,
     iter_batches,
     load_shard,
-    pass_plan,
-    read_piece,
     rows_per_rank,
     shard_pieces,
 )
@@ -172,116 +170,19 @@ class PreparedData:
             )
         if in_memory is None:
             in_memory = transform is None and self.shard_bytes(count) <= _memory_budget()
-        args = (pieces, batch_size, shuffle, seed, shard, first_epoch)
+        args = (self, pieces, batch_size, shuffle, seed, shard, first_epoch)
         if in_memory:
-            ds = self._memory_dataset(*args)
+            ds = tf_feed.memory_dataset(*args)
         elif transform is None:
-            ds = self._stream_dataset(*args)
+            ds = tf_feed.stream_dataset(*args)
         else:
-            ds = self._transform_dataset(*args, transform)
+            ds = tf_feed.transform_dataset(*args, transform)
         ds = ds.prefetch(prefetch)
         try:
             yield ds
         finally:
             # Pieces are opened, read and closed one at a time: no reader outlives the block.
             del ds
-
-    def _memory_dataset(
-        self, pieces: list[Piece], batch_size: int, shuffle: bool, seed: int, shard: int,
-        first_epoch: int,
-    ) -> Any:  # fmt: skip
-        # TensorFlow ops only, after the one decode: no Python per batch. Python in the
-        # pipeline (from_generator) slowed Keras 3 steps by ~45% here (measured with the
-        # scaling benchmark's MLP at np=1: 69 vs 47 ms), even when called once per 8 batches.
-        import tensorflow as tf
-
-        lengths = [p.stop - p.start for p in pieces]
-        steps = math.ceil(sum(lengths) / batch_size)
-        tensors = {
-            k: tf.convert_to_tensor(v)
-            for k, v in load_shard(self.local_path, pieces, self.columns, self.read_ahead).items()
-        }
-
-        def order(epoch: np.ndarray) -> np.ndarray:  # once per epoch
-            return epoch_indices(lengths, batch_size, shuffle, seed, shard, int(epoch))
-
-        def epoch_batches(epoch: Any) -> Any:
-            idx = tf.numpy_function(order, [epoch], tf.int64, stateful=False)
-            return tf.data.Dataset.from_tensor_slices(tf.reshape(idx, (steps, batch_size)))
-
-        epochs = tf.data.Dataset.range(first_epoch, 2**62)
-        return epochs.flat_map(epoch_batches).map(
-            lambda ix: self.structure({k: tf.gather(t, ix) for k, t in tensors.items()})
-        )
-
-    def _stream_dataset(
-        self, pieces: list[Piece], batch_size: int, shuffle: bool, seed: int, shard: int,
-        first_epoch: int,
-    ) -> Any:  # fmt: skip
-        # Streaming without from_generator (see _memory_dataset): a stateless numpy_function
-        # decodes one planned piece (read_ahead in parallel), TensorFlow re-batches the rows.
-        import tensorflow as tf
-
-        lengths = [p.stop - p.start for p in pieces]
-        need = math.ceil(sum(lengths) / batch_size) * batch_size - sum(lengths)
-
-        # One plan per epoch, not one per piece: a plan holds every piece's permutation.
-        plan_of = functools.lru_cache(maxsize=2)(
-            lambda epoch: pass_plan(lengths, shuffle, seed, shard, epoch)
-        )
-
-        def load(epoch: np.ndarray, j: np.ndarray) -> list[np.ndarray]:
-            """Piece ``j`` of the pass's plan, unshuffled, and the row order to take."""
-            plan = plan_of(int(epoch))
-            if j < len(plan):
-                i, perm = plan[j]
-                rows = read_piece(self.local_path, pieces[i], self.columns)
-                order = perm if perm is not None else np.arange(lengths[i])
-                return [*rows.values(), order.astype(np.int64)]
-            # The padding of the last batch: the pass's own first rows (as iter_batches).
-            i, perm = plan[0]
-            first = read_piece(self.local_path, pieces[i], self.columns)
-            head = (perm if perm is not None else np.arange(lengths[i]))[:batch_size]
-            pick = np.resize(head, need)
-            return [*(np.take(v, pick, axis=0) for v in first.values()), np.arange(need)]
-
-        dtypes = [tf.as_dtype(c.dtype) for c in self.columns] + [tf.int64]
-
-        def rows_of(epoch: Any, j: Any) -> Any:
-            *out, order = tf.numpy_function(load, [epoch, j], dtypes, stateful=False)
-            order.set_shape((None,))
-            cols = {}
-            for t, c in zip(out, self.columns, strict=True):
-                t.set_shape((None, *c.shape))
-                # The shuffle, in TensorFlow's threads (measured faster than np.take here).
-                cols[c.name] = tf.gather(t, order) if shuffle else t
-            return self.structure(cols)
-
-        per_pass = len(pieces) + (1 if need else 0)
-        jobs = tf.data.Dataset.range(first_epoch, 2**62).flat_map(
-            lambda e: tf.data.Dataset.range(per_pass).map(lambda j: (e, j))
-        )
-        rows = jobs.map(rows_of, num_parallel_calls=self.read_ahead, deterministic=True)
-        return rows.rebatch(batch_size, drop_remainder=True)
-
-    def _transform_dataset(
-        self, pieces: list[Piece], batch_size: int, shuffle: bool, seed: int, shard: int,
-        first_epoch: int, transform: Callable[[dict[str, Any]], dict[str, Any]],
-    ) -> Any:  # fmt: skip
-        import tensorflow as tf
-
-        def gen() -> Iterator[Any]:
-            for batch in iter_batches(
-                self.local_path, pieces, self.columns, batch_size, shuffle, seed, shard,
-                first_epoch, self.read_ahead,
-            ):  # fmt: skip
-                yield self.structure(transform(batch))
-
-        sample = next(gen())
-        signature = tf.nest.map_structure(
-            lambda a: tf.TensorSpec(shape=a.shape, dtype=tf.as_dtype(a.dtype)), sample
-        )
-        return tf.data.Dataset.from_generator(gen, output_signature=signature)
 
     def _check_visible(self, names: set[str]) -> None:
         """Fail fast, naming the path, when this node cannot see the prepared files."""

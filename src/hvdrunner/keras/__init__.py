@@ -22,6 +22,7 @@ from hvdrunner.keras import callbacks
 from hvdrunner.keras.callbacks import RanksOutOfSyncError, average_metrics
 from hvdrunner.keras.checkpoint import CheckpointError
 from hvdrunner.keras.fit import FitConfig, FitResult, fit
+from hvdrunner.keras.models import log_model
 
 __all__ = [
     "CheckpointError",
@@ -33,6 +34,7 @@ __all__ = [
     "average_metrics",
     "callbacks",
     "fit",
+    "log_model",
 ]
 
 

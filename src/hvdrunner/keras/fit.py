@@ -20,6 +20,7 @@ from hvdrunner.keras import compat
 from hvdrunner.keras.checkpoint import CheckpointStore
 from hvdrunner.keras.config import INPUTS, FitConfig, FitResult, make_config
 from hvdrunner.keras.inputs import is_petastorm_converter, training_input
+from hvdrunner.keras.models import log_model
 from hvdrunner.keras.optimizer import distribute
 from hvdrunner.petastorm.spark import SparkDatasetConverter
 
@@ -235,7 +236,7 @@ def _log_model(model: Any, cfg: FitConfig, example: Any) -> str | None:
 
     features = example[0] if isinstance(example, tuple) else example
     sample = tf.nest.map_structure(lambda t: t.numpy()[:5], features)
-    return tracking.log_model(model, sample, registered_name=cfg.registered_model_name)
+    return log_model(model, sample, registered_name=cfg.registered_model_name)
 
 
 def _preflight(**kwargs: Any) -> None:

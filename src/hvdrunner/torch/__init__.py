@@ -28,6 +28,7 @@ from hvdrunner.torch.collectives import (
 from hvdrunner.torch.config import FitConfig, FitResult
 from hvdrunner.torch.fit import fit
 from hvdrunner.torch.inputs import batches
+from hvdrunner.torch.models import log_model
 
 __all__ = [
     "CheckpointStore",
@@ -40,4 +41,5 @@ __all__ = [
     "distributed_optimizer",
     "fit",
     "init",
+    "log_model",
 ]

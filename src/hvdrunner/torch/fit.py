@@ -23,6 +23,7 @@ from hvdrunner.distributed import is_rank0
 from hvdrunner.torch import collectives, loop
 from hvdrunner.torch.checkpoint import CheckpointStore
 from hvdrunner.torch.config import INPUTS, FitConfig, FitResult, make_config
+from hvdrunner.torch.models import log_model
 
 __all__ = ["FitConfig", "FitResult", "fit"]
 
@@ -158,7 +159,7 @@ def _log_model(model: torch.nn.Module, cfg: FitConfig, example: Any) -> str | No
     """The model with a signature from a few training rows, into the run (rank 0)."""
     if not cfg.log_model or example is None:
         return None
-    return tracking.log_pytorch_model(model, example, registered_name=cfg.registered_model_name)
+    return log_model(model, example, registered_name=cfg.registered_model_name)
 
 
 def _preflight(**kwargs: Any) -> None:

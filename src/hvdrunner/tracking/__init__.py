@@ -13,7 +13,8 @@ Example (notebook):
     ...     HorovodRunner(np=2).run(train)             # rank 0 logs into this run
 """
 
-from hvdrunner.tracking.models import log_model, log_pytorch_model
+from typing import Any
+
 from hvdrunner.tracking.runs import (
     ERROR_TAG,
     EXPERIMENT_ID_ENV,
@@ -37,11 +38,24 @@ __all__ = [
     "check_registered_model_name",
     "driver_context",
     "log_metrics",
-    "log_model",
     "log_params",
-    "log_pytorch_model",
     "mark_failed",
     "mlflow_run",
     "run_id",
     "set_tags",
 ]
+
+#: Model logging lives with its framework (so this package imports neither).
+_MOVED = {
+    "log_model": "hvdrunner.keras.log_model",
+    "log_pytorch_model": "hvdrunner.torch.log_model",
+}
+
+
+def __getattr__(name: str) -> Any:
+    if name in _MOVED:
+        raise AttributeError(
+            f"hvdrunner.tracking.{name} moved to {_MOVED[name]}: model logging lives with its "
+            f"framework's adapter"
+        )
+    raise AttributeError(f"module 'hvdrunner.tracking' has no attribute {name!r}")
