@@ -82,7 +82,7 @@ class HorovodRunner:
             default) shows only what ranks send with :func:`hvdrunner.log_to_driver`.
         start_timeout: seconds to wait for all ranks to start (free task slots) before
             failing.
-        stall_timeout: seconds a rank may wait inside one TensorFlow/Horovod call (a
+        stall_timeout: seconds a rank may wait inside one framework or Horovod call (a
             collective: allreduce, broadcast) while another rank does not join it; then the
             job fails naming the rank(s) that did not join and where they were. Default 600.
         exit_grace: seconds the other ranks get to exit after rank 0 returned; then they

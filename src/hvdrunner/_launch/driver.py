@@ -215,7 +215,7 @@ class DriverService:
             exit_grace: seconds the other ranks get to exit after rank 0 returned; then
                 they are stopped with a warning and rank 0's value is returned.
             timeout: the whole job's bound in seconds (``None``: none).
-            stall_timeout: seconds a rank may wait inside a TensorFlow/Horovod call (a
+            stall_timeout: seconds a rank may wait inside a framework or Horovod call (a
                 collective) while another rank does not; then the job fails naming it.
             host_timeout: seconds without a frame (beats every second) from a started
                 task before its host is declared lost (a cut network closes nothing).

@@ -66,7 +66,7 @@ def stall_failure(
             rank=others[0],
         )
     return HorovodRunnerError(
-        f"All ranks waited inside TensorFlow/Horovod calls for more than "
+        f"All ranks waited inside framework or Horovod calls for more than "
         f"stall_timeout={stall_timeout:g}s ({'; '.join(f'rank {r}: {where(r)}' for r in waiting)}): "
         f"mismatched collectives (different names or order), or a step longer than the "
         f"bound. {advice}"

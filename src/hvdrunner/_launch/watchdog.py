@@ -4,7 +4,7 @@ Horovod's own stall inspector did not fire over gloo here (no warning after 80 s
 ``HOROVOD_STALL_CHECK_TIME_SECONDS=60``), so hvdrunner watches for itself. Once a second a
 daemon thread looks at the main thread's innermost Python frame. When it has not moved for
 :data:`REPORT_AFTER_S`, the rank reports a ``state`` frame to its
-supervisor (``{"stuck_for", "in_tf", "where"}``), and ``None`` when it moves on. A rank blocked inside a TensorFlow/Horovod call
+supervisor (``{"stuck_for", "in_tf", "where"}``), and ``None`` when it moves on. A rank blocked inside a framework or Horovod call
 (``in_tf``) is waiting in a collective or running one very long step; the driver decides
 with ``stall_timeout`` and names the ranks that were *not* waiting with it.
 """
@@ -21,8 +21,10 @@ from typing import Any
 _OWN = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # src/hvdrunner
 #: A frame unchanged this long is reported (small: the driver applies stall_timeout).
 REPORT_AFTER_S = 5.0
-_TF_PATHS = (f"{os.sep}tensorflow{os.sep}", f"{os.sep}horovod{os.sep}", f"{os.sep}keras{os.sep}",
-             f"{os.sep}tf_keras{os.sep}")  # fmt: skip
+#: Where a framework's or Horovod's own code runs (a frame there is "inside the library").
+_LIBRARY_PATHS = tuple(
+    f"{os.sep}{name}{os.sep}" for name in ("tensorflow", "horovod", "keras", "tf_keras", "torch")
+)
 
 
 def describe(frame: Any) -> str:
@@ -39,11 +41,12 @@ def _stack(frame: Any, limit: int = 60) -> list[Any]:
 
 
 def _is_library(frame: Any) -> bool:
-    return any(p in frame.f_code.co_filename for p in _TF_PATHS)
+    return any(p in frame.f_code.co_filename for p in _LIBRARY_PATHS)
 
 
 def in_tensorflow(frame: Any) -> bool:
-    """The main thread waits inside TensorFlow, Keras or Horovod (a C call: an op, a step).
+    """The main thread waits inside TensorFlow, Keras, PyTorch or Horovod (a C call: an op,
+    a step, a collective).
 
     The innermost frame may be generated code (``<string>``: TF's op wrappers); the
     innermost frame that has a real file decides.
