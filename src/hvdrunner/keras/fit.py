@@ -10,9 +10,7 @@ import contextlib
 from collections.abc import Callable
 from typing import Any
 
-from hvdrunner import tracking
-from hvdrunner.core import schedule
-from hvdrunner.core.checkpoint import check_dir, resume
+from hvdrunner.core import recipe, schedule
 from hvdrunner.core.settings import fit_signature, horovod_env
 from hvdrunner.distributed import is_rank0
 from hvdrunner.keras import callbacks as hk_callbacks
@@ -94,28 +92,49 @@ def fit(
         ...     loss="sparse_categorical_crossentropy", metrics=["accuracy"])
     """
     cfg = make_config(config, settings)
-    hvd = _init_horovod(cfg)
-    model, opt, lr = _build(build_model, cfg, hvd.size())
-    store, initial_epoch = _restore(cfg, model, opt, hvd)
-    hk_callbacks.broadcast_model(model, root_rank=0)
-    steps, rows, train_input = training_input(
-        data, cfg.batch_size, shuffle=cfg.shuffle, seed=cfg.seed, first_epoch=initial_epoch,
-        features=features, label=label, in_memory=cfg.in_memory,
-    )  # fmt: skip
-    cbs = _callbacks(cfg, store, opt, lr, steps, initial_epoch)
-    _log_params(cfg, hvd.size(), lr, steps, rows, initial_epoch)
-    history, example = _train(model, cfg, train_input, validation, steps, initial_epoch, cbs)
-    model_uri = _log_model(model, cfg, example)
-    if not is_rank0():
-        return None
-    return FitResult(
-        history={k: [float(v) for v in vs] for k, vs in history.items()},
-        model_uri=model_uri, initial_epoch=initial_epoch, epochs=cfg.epochs,
-        steps_per_epoch=steps, num_ranks=hvd.size(),
-    )  # fmt: skip
+    return recipe.run(_Keras(features, label), cfg, build_model, data, validation)
 
 
 fit.__signature__ = fit_signature(fit, FitConfig)  # type: ignore[attr-defined]
+
+
+class _Keras:
+    """Keras' parts of the one fit recipe (:mod:`hvdrunner.core.recipe`)."""
+
+    def __init__(self, features: str | None, label: str | None) -> None:
+        self.features, self.label = features, label
+
+    def init(self, cfg: FitConfig) -> Any:
+        return _init_horovod(cfg)
+
+    def build(self, build_model: Callable[[], Any], cfg: FitConfig, size: int) -> recipe.Built:
+        return recipe.Built(*_build(build_model, cfg, size))
+
+    def store(self, cfg: FitConfig) -> CheckpointStore:
+        assert cfg.checkpoint_dir is not None  # the recipe asks only when one is set
+        return CheckpointStore(cfg.checkpoint_dir, cfg.keep_checkpoints)
+
+    def broadcast(self, built: recipe.Built) -> None:
+        hk_callbacks.broadcast_model(built.model, root_rank=0)
+
+    def feed(self, data: Any, cfg: FitConfig, initial_epoch: int) -> tuple[int, int, Any]:
+        return training_input(
+            data, cfg.batch_size, shuffle=cfg.shuffle, seed=cfg.seed, first_epoch=initial_epoch,
+            features=self.features, label=self.label, in_memory=cfg.in_memory,
+        )  # fmt: skip
+
+    def params(self, cfg: FitConfig) -> dict[str, Any]:
+        return {"keras": f"{compat.mode()} {compat.keras_version()}"}
+
+    def train(
+        self, built: recipe.Built, cfg: FitConfig, feed: Any, validation: Any, steps: int,
+        store: Any, initial_epoch: int,
+    ) -> tuple[dict[str, list[Any]], Any]:  # fmt: skip
+        cbs = _callbacks(cfg, store, built.optimizer, built.lr, steps, initial_epoch)
+        return _train(built.model, cfg, feed, validation, steps, initial_epoch, cbs)
+
+    def log_model(self, model: Any, cfg: FitConfig, example: Any) -> str | None:
+        return _log_model(model, cfg, example)
 
 
 def _init_horovod(cfg: FitConfig) -> Any:
@@ -166,14 +185,6 @@ def _build(build_model: Callable[[], Any], cfg: FitConfig, size: int) -> tuple[A
     return model, opt, lr
 
 
-def _restore(cfg: FitConfig, model: Any, opt: Any, hvd: Any) -> tuple[Any, int]:
-    """Rank 0 loads the newest intact checkpoint; every rank learns the epoch to start at."""
-    store = (
-        CheckpointStore(cfg.checkpoint_dir, cfg.keep_checkpoints) if cfg.checkpoint_dir else None
-    )
-    return store, resume(store, model, opt, hvd.broadcast_object)
-
-
 def _callbacks(
     cfg: FitConfig, store: Any, opt: Any, lr: float, steps: int, initial_epoch: int
 ) -> list[Any]:
@@ -189,18 +200,6 @@ def _callbacks(
     if store is not None:
         cbs.append(_checkpoint_callback(store, opt, cfg.checkpoint_every, cfg.epochs))
     return [*cbs, *cfg.callbacks]
-
-
-def _log_params(
-    cfg: FitConfig, size: int, lr: float, steps: int, rows: int, initial_epoch: int
-) -> None:
-    tracking.log_params(
-        cfg.run_params(size, lr, steps, rows)
-        | {"optimizer": getattr(cfg.optimizer, "__name__", cfg.optimizer),
-           "keras": f"{compat.mode()} {compat.keras_version()}"}
-    )  # fmt: skip
-    # Changes on every resume of the same run: a tag, not a param (params are immutable).
-    tracking.set_tags({"hvdrunner.initial_epoch": initial_epoch})
 
 
 def _train(
@@ -230,8 +229,6 @@ def _train(
 
 def _log_model(model: Any, cfg: FitConfig, example: Any) -> str | None:
     """The model with a signature from a few training rows, into the run (rank 0)."""
-    if not cfg.log_model:
-        return None
     import tensorflow as tf
 
     features = example[0] if isinstance(example, tuple) else example
@@ -241,15 +238,8 @@ def _log_model(model: Any, cfg: FitConfig, example: Any) -> str | None:
 
 def _preflight(**kwargs: Any) -> None:
     """Driver side, before any rank starts: every argument validated, checkpoint_dir usable."""
-    missing = [k for k in ("build_model", "data") if k not in kwargs]
-    if missing:
-        raise TypeError(f"fit() missing required argument(s): {', '.join(missing)}")
-    inputs = {k: kwargs.pop(k, None) for k in INPUTS}
-    cfg = make_config(kwargs.pop("config", None), kwargs)
     compat.check_backend()
-    tracking.check_registered_model_name(cfg.registered_model_name)
-    if cfg.checkpoint_dir:
-        check_dir(cfg.checkpoint_dir)
+    inputs, _ = recipe.preflight(kwargs, "hvdrunner.keras.fit", INPUTS, make_config)
     _check_inputs(inputs)
 
 
@@ -285,7 +275,7 @@ def _checkpoint_callback(store: Any, optimizer: Any, every: int, epochs: int) ->
     class CheckpointCallback(base):
         def on_epoch_end(self, epoch: int, logs: dict[str, Any] | None = None) -> None:
             done = epoch + 1
-            if is_rank0() and (done % every == 0 or done == epochs):
+            if is_rank0() and recipe.checkpoint_due(done, every, epochs):
                 store.save(self.model, optimizer, done)
 
     return CheckpointCallback()

@@ -15,11 +15,8 @@ from typing import Any
 
 import torch
 
-from hvdrunner import tracking
-from hvdrunner.core import schedule
-from hvdrunner.core.checkpoint import check_dir, resume
+from hvdrunner.core import recipe, schedule
 from hvdrunner.core.settings import fit_signature, horovod_env
-from hvdrunner.distributed import is_rank0
 from hvdrunner.torch import collectives, loop
 from hvdrunner.torch.checkpoint import CheckpointStore
 from hvdrunner.torch.config import INPUTS, FitConfig, FitResult, make_config
@@ -76,32 +73,54 @@ def fit(
         ...     loss="cross_entropy", metrics=["accuracy"])
     """
     cfg = make_config(config, settings)
-    hvd, device = _init_horovod(cfg)
-    model, opt, lr = _build(build_model, cfg, hvd.size(), device)
-    group_lrs = [float(g["lr"]) for g in opt.param_groups]  # before a restore overwrites them
-    store, initial_epoch = _restore(cfg, model, opt, hvd)
-    collectives.broadcast_state(model, opt)
-    steps = data.steps_per_epoch(cfg.batch_size)
-    _log_params(cfg, hvd.size(), lr, steps, data.num_rows, initial_epoch)
-    trainer = loop.Trainer(model, opt, cfg, lr, device, steps, store, group_lrs)
-    history, example = trainer.run(data, validation, initial_epoch)
-    model_uri = _log_model(model, cfg, example)
-    if not is_rank0():
-        return None
-    return FitResult(
-        history=history, model_uri=model_uri, initial_epoch=initial_epoch, epochs=cfg.epochs,
-        steps_per_epoch=steps, num_ranks=hvd.size(),
-    )  # fmt: skip
+    return recipe.run(_Torch(), cfg, build_model, data, validation)
 
 
 fit.__signature__ = fit_signature(fit, FitConfig)  # type: ignore[attr-defined]
 
 
-def _init_horovod(cfg: FitConfig) -> tuple[Any, torch.device]:
-    import horovod.torch as hvd
+class _Torch:
+    """PyTorch's parts of the one fit recipe (:mod:`hvdrunner.core.recipe`)."""
 
-    horovod_env(cfg, hvd.is_initialized())
-    return hvd, collectives.init(cfg.seed, cfg.num_threads)
+    device: torch.device
+
+    def init(self, cfg: FitConfig) -> Any:
+        import horovod.torch as hvd
+
+        horovod_env(cfg, hvd.is_initialized())
+        self.device = collectives.init(cfg.seed, cfg.num_threads)
+        return hvd
+
+    def build(self, build_model: Callable[[], Any], cfg: FitConfig, size: int) -> recipe.Built:
+        model, opt, lr = _build(build_model, cfg, size, self.device)
+        # Each group's rate as built, before a restore overwrites it (mid-warmup perhaps).
+        return recipe.Built(model, opt, lr, extra=[float(g["lr"]) for g in opt.param_groups])
+
+    def store(self, cfg: FitConfig) -> CheckpointStore:
+        assert cfg.checkpoint_dir is not None  # the recipe asks only when one is set
+        return CheckpointStore(cfg.checkpoint_dir, cfg.keep_checkpoints)
+
+    def broadcast(self, built: recipe.Built) -> None:
+        collectives.broadcast_state(built.model, built.optimizer)
+
+    def feed(self, data: Any, cfg: FitConfig, initial_epoch: int) -> tuple[int, int, Any]:
+        return data.steps_per_epoch(cfg.batch_size), data.num_rows, data
+
+    def params(self, cfg: FitConfig) -> dict[str, Any]:
+        loss = cfg.loss
+        name = getattr(loss, "__name__", type(loss).__name__) if callable(loss) else loss
+        return {"loss": name, "torch": torch.__version__}
+
+    def train(
+        self, built: recipe.Built, cfg: FitConfig, feed: Any, validation: Any, steps: int,
+        store: Any, initial_epoch: int,
+    ) -> tuple[dict[str, list[Any]], Any]:  # fmt: skip
+        trainer = loop.Trainer(built.model, built.optimizer, cfg, built.lr, self.device, steps,
+                               store, built.extra)  # fmt: skip
+        return trainer.run(feed, validation, initial_epoch)
+
+    def log_model(self, model: Any, cfg: FitConfig, example: Any) -> str | None:
+        return log_model(model, example, registered_name=cfg.registered_model_name)
 
 
 def _make_optimizer(spec: Any, params: Any, lr: float) -> torch.optim.Optimizer:
@@ -133,45 +152,9 @@ def _build(
     return model, opt, lr
 
 
-def _restore(cfg: FitConfig, model: Any, opt: Any, hvd: Any) -> tuple[Any, int]:
-    """Rank 0 loads the newest intact checkpoint; every rank learns the epoch to start at."""
-    store = (
-        CheckpointStore(cfg.checkpoint_dir, cfg.keep_checkpoints) if cfg.checkpoint_dir else None
-    )
-    return store, resume(store, model, opt, hvd.broadcast_object)
-
-
-def _log_params(
-    cfg: FitConfig, size: int, lr: float, steps: int, rows: int, initial_epoch: int
-) -> None:
-    loss = (
-        getattr(cfg.loss, "__name__", type(cfg.loss).__name__) if callable(cfg.loss) else cfg.loss
-    )
-    tracking.log_params(
-        cfg.run_params(size, lr, steps, rows)
-        | {"optimizer": getattr(cfg.optimizer, "__name__", cfg.optimizer), "loss": loss,
-           "torch": torch.__version__}
-    )  # fmt: skip
-    tracking.set_tags({"hvdrunner.initial_epoch": initial_epoch})
-
-
-def _log_model(model: torch.nn.Module, cfg: FitConfig, example: Any) -> str | None:
-    """The model with a signature from a few training rows, into the run (rank 0)."""
-    if not cfg.log_model or example is None:
-        return None
-    return log_model(model, example, registered_name=cfg.registered_model_name)
-
-
 def _preflight(**kwargs: Any) -> None:
     """Driver side, before any rank starts: every argument validated, checkpoint_dir usable."""
-    missing = [k for k in ("build_model", "data") if k not in kwargs]
-    if missing:
-        raise TypeError(f"hvdrunner.torch.fit() missing required argument(s): {', '.join(missing)}")
-    inputs = {k: kwargs.pop(k, None) for k in INPUTS}
-    cfg = make_config(kwargs.pop("config", None), kwargs)
-    tracking.check_registered_model_name(cfg.registered_model_name)
-    if cfg.checkpoint_dir:
-        check_dir(cfg.checkpoint_dir)
+    inputs, _ = recipe.preflight(kwargs, "hvdrunner.torch.fit", INPUTS, make_config)
     for name in ("data", "validation"):
         value = inputs[name]
         if value is not None and not hasattr(value, "steps_per_epoch"):

@@ -18,7 +18,7 @@ import torch.nn.functional as F
 
 from hvdrunner import tracking
 from hvdrunner._logging import get_logger
-from hvdrunner.core import schedule
+from hvdrunner.core import recipe, schedule
 from hvdrunner.distributed import is_rank0, size
 from hvdrunner.torch import collectives
 from hvdrunner.torch.config import FitConfig
@@ -166,7 +166,7 @@ class Trainer:
             get_logger().info(f"epoch {done}/{self.cfg.epochs} - {shown} ({seconds:.1f} s)")
         tracking.log_metrics(logs, step=epoch)
         every = self.cfg.checkpoint_every
-        if self.store is not None and (done % every == 0 or done == self.cfg.epochs):
+        if self.store is not None and recipe.checkpoint_due(done, every, self.cfg.epochs):
             self.store.save(self.model, self.opt, done)
 
 
