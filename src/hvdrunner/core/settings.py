@@ -37,6 +37,21 @@ def check_passes(value: Any) -> None:
         )
 
 
+def check_named(kind: str, value: Any, names: tuple[str, ...], example: str) -> None:
+    """A setting that is one of ``names`` (any case) or a callable; ValueError naming it.
+
+    Example:
+        >>> check_named("optimizer", "adam", ("adam", "sgd"), "optimizer=my_factory")
+    """
+    if callable(value):
+        return
+    if not isinstance(value, str) or value.lower() not in names:
+        raise ValueError(
+            f"{kind}={value!r} is not one of {names}; pass one of those or a callable, "
+            f"e.g. {example}"
+        )
+
+
 def _positive_int(name: str, value: Any) -> None:
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
         raise ValueError(f"{name} must be a positive int, got {value!r}")

@@ -40,11 +40,10 @@ class FitConfig(TrainingSettings):
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        if isinstance(self.optimizer, str) and self.optimizer.lower() not in _OPTIMIZERS:
-            raise ValueError(
-                f"optimizer={self.optimizer!r} is not one of {_OPTIMIZERS}; pass one of those or "
-                f"a function lr -> Keras optimizer, e.g. lambda lr: keras.optimizers.SGD(lr, momentum=0.9)"
-            )
+        core_settings.check_named(
+            "optimizer", self.optimizer, _OPTIMIZERS,
+            "a function lr -> Keras optimizer: lambda lr: keras.optimizers.SGD(lr, momentum=0.9)",
+        )  # fmt: skip
 
 
 def make_config(config: FitConfig | None, settings: Mapping[str, Any]) -> FitConfig:

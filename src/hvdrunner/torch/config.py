@@ -31,16 +31,6 @@ INPUTS = ("build_model", "data", "validation")
 __all__ = ["INPUTS", "LOSSES", "METRICS", "OPTIMIZERS", "FitConfig", "FitResult", "make_config"]
 
 
-def _named(kind: str, value: Any, names: tuple[str, ...], example: str) -> None:
-    if callable(value):
-        return
-    if not isinstance(value, str) or value.lower() not in names:
-        raise ValueError(
-            f"{kind}={value!r} is not one of {names}; pass one of those or a callable, "
-            f"e.g. {example}"
-        )
-
-
 @dataclass(frozen=True, kw_only=True)
 class FitConfig(TrainingSettings):
     """Validated settings of :func:`hvdrunner.torch.fit` (checked first thing on every rank)."""
@@ -53,11 +43,13 @@ class FitConfig(TrainingSettings):
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        _named("loss", self.loss, LOSSES, "loss=torch.nn.CrossEntropyLoss()")
-        _named("optimizer", self.optimizer, OPTIMIZERS,
+        core_settings.check_named("loss", self.loss, LOSSES, "loss=torch.nn.CrossEntropyLoss()")
+        core_settings.check_named("optimizer", self.optimizer, OPTIMIZERS,
                "optimizer=lambda params, lr: torch.optim.SGD(params, lr, momentum=0.9)")  # fmt: skip
         for m in self.metrics:
-            _named("metrics item", m, METRICS, "metrics=[my_metric] (output, target) -> tensor")
+            core_settings.check_named(
+                "metrics item", m, METRICS, "metrics=[my_metric] (output, target) -> tensor"
+            )
         if self.verbose not in (0, 1, 2):
             raise ValueError(f"verbose must be 0 (silent), 1 or 2, got {self.verbose!r}")
         if self.num_threads is not None and (
