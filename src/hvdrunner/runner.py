@@ -22,10 +22,6 @@ _log = get_logger()
 _VERBOSITIES = ("all", "log_callback_only")
 
 
-def _status(msg: str) -> None:
-    _log.info(msg)
-
-
 def _local_pythonpath() -> tuple[str, ...]:
     """The driver's own source folders (not the interpreter's), for ranks on this machine."""
     prefixes = {os.path.realpath(p) for p in (sys.prefix, sys.base_prefix, sys.exec_prefix)}
@@ -175,7 +171,7 @@ class HorovodRunner:
             pythonpath=_local_pythonpath(),
             host_timeout=self.host_timeout,
         )
-        _status(f"launching {target.np} Horovod ranks on {target.where}")
+        _log.info(f"launching {target.np} Horovod ranks on {target.where}")
         return self._supervise(target.launch(spec), service, track_env, secrets)
 
     def _target(self) -> _Target:
@@ -192,7 +188,7 @@ class HorovodRunner:
         np = self.num_processor
         if np == 0:  # sparkdl: all task slots
             np = spark_backend.task_slots(sc)[0]
-            _status(f"np=0: using all {np} task slots of the cluster")
+            _log.info(f"np=0: using all {np} task slots of the cluster")
         spark_backend.preflight(sc, np, wait_s=self.start_timeout)
         return _Target(
             np, spark_backend.driver_address(sc), "0.0.0.0", f"Spark barrier tasks ({sc.master})",
@@ -226,7 +222,9 @@ class HorovodRunner:
                 service.stop_ranks()
             launch.stop(cancel=not ok)
             service.close()
-            _status(f"job {'finished' if ok else 'failed'} after {time.monotonic() - started:.1f}s")
+            _log.info(
+                f"job {'finished' if ok else 'failed'} after {time.monotonic() - started:.1f}s"
+            )
         return result
 
 

@@ -22,10 +22,6 @@ _SELF_CONTAINED_LEAVES = ("LocalRelation", "Range", "OneRowRelation", "LogicalRD
 _log = get_logger("hvdrunner.data")
 
 
-def _say(msg: str) -> None:
-    _log.info(msg)
-
-
 def input_identity(df: Any) -> list[tuple[str, int, int]] | None:
     """``(path, size, mtime)`` of every input file, or ``None`` when the input can change
     without any file changing (JDBC and other non-file sources).
@@ -87,7 +83,7 @@ def verified(meta_dir: str) -> PreparedData | None:
             if found != rows:
                 raise ValueError(f"{name} holds {found} rows, {rows} were written")
     except Exception as exc:  # noqa: BLE001 - any damage means: rebuild
-        _say(f"WARNING: the prepared data at {meta_dir} is damaged ({type(exc).__name__}: "
+        _log.warning(f"the prepared data at {meta_dir} is damaged ({type(exc).__name__}: "
              f"{exc}); deleting and writing it again")  # fmt: skip
         shutil.rmtree(meta_dir, ignore_errors=True)
         return None

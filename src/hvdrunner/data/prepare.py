@@ -34,10 +34,6 @@ _CODECS = ("uncompressed", "snappy", "gzip", "lzo", "brotli", "lz4", "zstd", "bz
 _log = get_logger("hvdrunner.data")
 
 
-def _say(msg: str) -> None:
-    _log.info(msg)
-
-
 def _check_driver() -> None:
     from pyspark import TaskContext
 
@@ -180,7 +176,7 @@ def _materialize(
     if existing is not None:
         return existing
     selected, aggs = _select(df, wanted, kinds, fields, dtype)
-    _say("checking columns (one Spark job)")
+    _log.info("checking columns (one Spark job)")
     stats = selected.agg(*aggs).collect()[0].asDict()
     num_rows = int(stats["_rows"])
     if num_rows == 0:
@@ -228,13 +224,13 @@ def _cached(
     if inputs is None:
         # The input could change without any file changing: never reuse silently.
         key += f"-{uuid.uuid4().hex[:8]}"
-        _say("the DataFrame's input is not a set of files (e.g. JDBC): its changes cannot "
+        _log.info("the DataFrame's input is not a set of files (e.g. JDBC): its changes cannot "
              "be detected, so it is written again (not reused)")  # fmt: skip
     final = loc.join(f"df-{key}")
     existing = None if refresh else verified(final.local_path)
     if existing is not None:
         what = f"{len(inputs)} unchanged input file(s)" if inputs else "the same in-plan data"
-        _say(f"reusing prepared data at {final.spark_url} ({existing.num_rows} rows; {what})")
+        _log.info(f"reusing prepared data at {final.spark_url} ({existing.num_rows} rows; {what})")
     elif refresh:
         shutil.rmtree(final.local_path, ignore_errors=True)
     return key, final, existing
@@ -278,7 +274,7 @@ def _write(
     target_parts = max(1, math.ceil(num_rows / per_file))
     if selected.rdd.getNumPartitions() > target_parts:
         selected = selected.coalesce(target_parts)
-    _say(f"writing {num_rows} rows to {final.spark_url}")
+    _log.info(f"writing {num_rows} rows to {final.spark_url}")
     try:
         writer = selected.write.option("maxRecordsPerFile", per_file).options(**options)
         writer.parquet(tmp.spark_url)

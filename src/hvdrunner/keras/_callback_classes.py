@@ -12,7 +12,7 @@ from typing import Any
 import numpy as np
 
 from hvdrunner import tracking
-from hvdrunner._logging import log_to_driver
+from hvdrunner._logging import get_logger, log_to_driver
 from hvdrunner.core.schedule import warmup_multiplier
 from hvdrunner.distributed import is_rank0
 from hvdrunner.keras import compat
@@ -166,7 +166,7 @@ class LearningRateWarmupCallback(LearningRateScheduleCallback):
         if epoch == self.warmup_epochs - 1:  # end exactly at the target rate
             compat.set_learning_rate(self.model.optimizer, self.initial_lr)
             if self.verbose and is_rank0():
-                print(f"\nEpoch {epoch + 1}: finished LR warmup to {self.initial_lr:g}.")
+                get_logger().info(f"epoch {epoch + 1}: finished LR warmup to {self.initial_lr:g}")
 
 
 class LogCallback(base):

@@ -104,10 +104,6 @@ def task_key(path: str | os.PathLike[str]) -> str:
 _log = get_logger("hvdrunner.notebook")
 
 
-def _say(msg: str) -> None:
-    _log.info(msg)
-
-
 def run_notebook(path: str, namespace: dict[str, Any]) -> str | None:
     """Run one notebook's cells in ``namespace``; returns its ``dbutils.notebook.exit`` value.
 
@@ -117,15 +113,15 @@ def run_notebook(path: str, namespace: dict[str, Any]) -> str | None:
     cells = parse(path)
     initial = dict(namespace)
     name = Path(path).name
-    _say(f"{name}: {len(cells)} cells")
+    _log.info(f"{name}: {len(cells)} cells")
     for cell in cells:
         magic = cell.magic
         if magic == "md":
             title = _markdown_title(cell.source)
-            _say(f"{name} cell {cell.number}: {title}".rstrip(": "))
+            _log.info(f"{name} cell {cell.number}: {title}".rstrip(": "))
             continue
         if magic is not None:
-            _say(
+            _log.info(
                 f"{name} cell {cell.number}: skipped %{magic} (not run locally; the local environment is already installed)"
             )
             continue
@@ -142,10 +138,10 @@ def run_notebook(path: str, namespace: dict[str, Any]) -> str | None:
         try:
             exec(code, namespace)  # noqa: S102 - running the user's notebook is the point
         except NotebookExit as done:
-            _say(f"{name}: exited with {done.value!r}")
+            _log.info(f"{name}: exited with {done.value!r}")
             return done.value
         except PythonRestart:
-            _say(f"{name} cell {cell.number}: Python restarted (notebook variables cleared)")
+            _log.info(f"{name} cell {cell.number}: Python restarted (notebook variables cleared)")
             namespace.clear()
             namespace.update(initial)
         except SystemExit as exc:
@@ -222,7 +218,7 @@ def run(
     spark.sparkContext.setLogLevel("ERROR")
     try:
         for i, path in enumerate(paths, start=1):
-            _say(f"[{i}/{len(paths)}] running {path} (task {task_key(path)})")
+            _log.info(f"[{i}/{len(paths)}] running {path} (task {task_key(path)})")
             dbutils = LocalDbutils(params, task_values_file, task_key(path), job=job)
             namespace = {
                 "__name__": "__main__",
@@ -242,7 +238,7 @@ def run(
     finally:
         if ours:
             spark.stop()
-    _say(f"done: {len(paths)} notebook(s) in {time.monotonic() - t0:.0f}s")
+    _log.info(f"done: {len(paths)} notebook(s) in {time.monotonic() - t0:.0f}s")
     return 0
 
 
