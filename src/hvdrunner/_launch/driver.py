@@ -22,11 +22,14 @@ from horovod.runner.common.util.hosts import HostInfo, get_host_assignments
 from horovod.runner.gloo_run import create_slot_env_vars
 from horovod.runner.http.http_server import RendezvousServer
 
-from hvdrunner._launch import protocol
+from hvdrunner._launch import protocol, verdict
 from hvdrunner._launch.job import JobState
 from hvdrunner._launch.verdict import lost_failure, rank_failure, stall_failure
+from hvdrunner._logging import get_logger
 from hvdrunner._secrets import scrub
 from hvdrunner.errors import HorovodRunnerError
+
+_log = get_logger()
 
 #: How long aborted ranks get to report back before ``run()`` raises anyway.
 ABORT_WAIT_S = 10.0
@@ -265,10 +268,7 @@ class DriverService:
         if job.assigned and self._mark_silent(host_timeout):
             return self._lost_failure()
         if timeout is not None and elapsed > timeout:
-            return HorovodRunnerError(
-                f"The job did not finish within timeout={timeout:g}s and was stopped. "
-                f"Raise HorovodRunner(timeout=...) if it needs longer."
-            )
+            return verdict.timeout_failure(timeout)
         return None
 
     def _idle_failure(
@@ -278,27 +278,15 @@ class DriverService:
         """With no message: the launch backend failed, or the ranks never all started."""
         err = job_error()
         if err is not None:
-            return HorovodRunnerError(
-                f"The launch backend failed before all ranks finished: {type(err).__name__}: {err}"
-            )
+            return verdict.backend_failure(err)
         if not job.assigned and elapsed > start_timeout:
-            return HorovodRunnerError(
-                f"Only {len(job.registered)} of np={self.np} ranks started within "
-                f"start_timeout={start_timeout:g}s. The cluster probably has no "
-                f"{self.np} free task slots at once (other jobs, or executors still "
-                f"starting). Free slots, lower np, or raise start_timeout."
-            )
+            return verdict.start_failure(len(job.registered), self.np, start_timeout)
         return None
 
     def _stop_late_ranks(
         self, job: JobState, exit_grace: float, emit: Callable[[str], None]
     ) -> None:
-        emit(
-            f"[hvdrunner] WARNING: rank(s) {job.late_ranks()} still running {exit_grace:g}s "
-            f"(exit_grace) after rank 0 returned; stopping them. Rank 0's value is "
-            f"returned. A rank that keeps working after training (an endless loop, a "
-            f"thread that is not a daemon) is the usual cause."
-        )
+        _log.warning(verdict.late_ranks_warning(job.late_ranks(), exit_grace))
         self.abort()
         self._drain_exits(job, emit)
 
@@ -367,13 +355,8 @@ class DriverService:
 def _rank0_value(result: bytes | None) -> Any:
     """Rank 0's return value, unpickled, or the error saying why it cannot be."""
     if result is None:
-        raise HorovodRunnerError("Rank 0 finished without sending its return value.", rank=0)
+        raise verdict.no_result_failure()
     try:
         return cloudpickle.loads(result)
     except Exception as exc:
-        raise HorovodRunnerError(
-            f"Rank 0's return value could not be unpickled on the driver "
-            f"({type(exc).__name__}: {exc}). Return plain data (numbers, dicts, numpy "
-            f"arrays) rather than objects of modules the driver cannot import.",
-            rank=0,
-        ) from exc
+        raise verdict.unpicklable_result_failure(exc) from exc

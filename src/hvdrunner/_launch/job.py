@@ -12,6 +12,7 @@ import time
 from collections.abc import Callable
 from typing import Any, Protocol
 
+from hvdrunner._launch import verdict
 from hvdrunner._launch.protocol import (
     Disconnected,
     ExitReport,
@@ -88,14 +89,7 @@ class JobState:
         if len(self.registered) < self.np:
             return
         if len(self._builds) > 1:  # one horovod per job, or the ranks speak past each other
-            hosts = "; ".join(
-                f"{build}: {', '.join(sorted(set(h)))}" for build, h in self._builds.items()
-            )
-            self.failure = HorovodRunnerError(
-                f"The hosts of this job have different horovod builds ({hosts}). Every node "
-                f"must install the same horovod wheel (the bundle's task library, built once "
-                f"by hvdrunner_build_horovod); restart the cluster after fixing its libraries."
-            )
+            self.failure = verdict.mixed_builds_failure(self._builds)
             return
         self._assign(self.registered)
         self.assigned = True

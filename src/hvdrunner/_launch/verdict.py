@@ -130,3 +130,57 @@ def _clip(message: str, limit: int = 2000) -> str:
     if len(message) <= limit:
         return message
     return f"{message[:limit]}... [{len(message) - limit} more characters in the traceback below]"
+
+
+# -- the job's limits and the launch: one sentence each, the fix included -----------------
+def timeout_failure(timeout: float) -> HorovodRunnerError:
+    return HorovodRunnerError(
+        f"The job did not finish within timeout={timeout:g}s and was stopped. "
+        f"Raise HorovodRunner(timeout=...) if it needs longer."
+    )
+
+
+def backend_failure(err: BaseException) -> HorovodRunnerError:
+    return HorovodRunnerError(
+        f"The launch backend failed before all ranks finished: {type(err).__name__}: {err}"
+    )
+
+
+def start_failure(started: int, np: int, start_timeout: float) -> HorovodRunnerError:
+    return HorovodRunnerError(
+        f"Only {started} of np={np} ranks started within start_timeout={start_timeout:g}s. "
+        f"The cluster probably has no {np} free task slots at once (other jobs, or executors "
+        f"still starting). Free slots, lower np, or raise start_timeout."
+    )
+
+
+def mixed_builds_failure(builds: dict[str | None, list[str]]) -> HorovodRunnerError:
+    """The hosts run different horovod builds (``{build: [host, ...]}``)."""
+    hosts = "; ".join(f"{build}: {', '.join(sorted(set(h)))}" for build, h in builds.items())
+    return HorovodRunnerError(
+        f"The hosts of this job have different horovod builds ({hosts}). Every node "
+        f"must install the same horovod wheel (the bundle's task library, built once "
+        f"by hvdrunner_build_horovod); restart the cluster after fixing its libraries."
+    )
+
+
+def no_result_failure() -> HorovodRunnerError:
+    return HorovodRunnerError("Rank 0 finished without sending its return value.", rank=0)
+
+
+def unpicklable_result_failure(exc: BaseException) -> HorovodRunnerError:
+    return HorovodRunnerError(
+        f"Rank 0's return value could not be unpickled on the driver "
+        f"({type(exc).__name__}: {exc}). Return plain data (numbers, dicts, numpy "
+        f"arrays) rather than objects of modules the driver cannot import.",
+        rank=0,
+    )
+
+
+def late_ranks_warning(ranks: Sequence[int], exit_grace: float) -> str:
+    """Not a failure: ranks still running ``exit_grace`` after rank 0 returned."""
+    return (
+        f"rank(s) {list(ranks)} still running {exit_grace:g}s (exit_grace) after rank 0 "
+        f"returned; stopping them. Rank 0's value is returned. A rank that keeps working "
+        f"after training (an endless loop, a thread that is not a daemon) is the usual cause."
+    )
