@@ -63,7 +63,7 @@ def test_task_spec_repr_hides_the_key():
 def _registered_task(service: DriverService, partition: int, hostname: str) -> protocol.Channel:
     """A task as the driver sees it: connected, registered; it sends no heartbeat."""
     chan = protocol.connect("127.0.0.1", service.port, b"k" * 32, timeout=5)
-    chan.send("register", protocol.Register(partition, f"hash-{hostname}", "127.0.0.1",
+    chan.send(protocol.Register(partition, f"hash-{hostname}", "127.0.0.1",
                                             hostname, "10.9.9.9"))  # fmt: skip
     return chan
 
@@ -103,11 +103,11 @@ def test_lost_host_outranks_the_failures_it_causes_on_other_hosts():
 
     def play() -> None:
         for chan in (a, b):
-            kind, _ = chan.recv()
-            while kind == "beat":
-                kind, _ = chan.recv()
+            message = chan.recv()
+            while isinstance(message, protocol.Beat):
+                message = chan.recv()
         # rank 0's failure (caused by b) reaches the driver first, then b's connection drops
-        a.send("exit", protocol.ExitReport(0, 1, "SIGABRT",
+        a.send(protocol.ExitReport(0, 1, "SIGABRT",
                                            tail=("gloo::IoException: Connection reset by peer",)))  # fmt: skip
         b.close()
 
@@ -124,31 +124,41 @@ def test_lost_host_outranks_the_failures_it_causes_on_other_hosts():
 def test_lost_failure_names_whole_hosts_and_single_ranks():
     from hvdrunner._launch.verdict import lost_failure
 
-    tasks = [("a", 0, "node-a (10.0.0.1)", False), ("a", 1, "node-a (10.0.0.1)", False),
-             ("b", 2, "node-b (10.0.0.2)", True), ("b", 3, "node-b (10.0.0.2)", True),
-             ("c", 4, "node-c (10.0.0.3)", True), ("c", 5, "node-c (10.0.0.3)", False)]  # fmt: skip
-    err = lost_failure(tasks)
+    rows = [("a", 0, "node-a (10.0.0.1)", False), ("a", 1, "node-a (10.0.0.1)", False),
+            ("b", 2, "node-b (10.0.0.2)", True), ("b", 3, "node-b (10.0.0.2)", True),
+            ("c", 4, "node-c (10.0.0.3)", True), ("c", 5, "node-c (10.0.0.3)", False)]  # fmt: skip
+    tasks = [_FakeTask(host, rank, where, lost) for host, rank, where, lost in rows]
+    err = lost_failure([*tasks, _FakeTask("d", None, "node-d", True)])  # unranked: not counted
     assert err is not None and err.rank == 2
     assert err.summary.startswith(
         "Lost host node-b (10.0.0.2) with rank(s) [2, 3]; rank(s) [4] on node-c (10.0.0.3) before"
     )
-    assert lost_failure([t[:3] + (False,) for t in tasks]) is None
+    for t in tasks:
+        t.lost = False
+    assert lost_failure(tasks) is None
 
 
 class _FakeTask:
-    def __init__(self) -> None:
-        self.partition = self.host = self.address = self.hostname = self.ip = None
-        self.rank = None
-        self.exited = self.lost = False
+    """A task as the job and the verdict see it (verdict.Task)."""
+
+    def __init__(self, host=None, rank=None, where="", lost=False) -> None:
+        self.partition = self.address = self.hostname = self.ip = None
+        self.host, self.rank, self._where, self.lost = host, rank, where, lost
+        self.exited = False
+
+    def where(self) -> str:
+        return self._where
 
 
 def test_frames_become_typed_messages_or_are_refused():
     reg = protocol.Register(0, "h", "127.0.0.1", "node", "10.0.0.1")
-    assert protocol.decode("register", reg) is reg
-    with pytest.raises(protocol.ProtocolError, match="unexpected frame 'exit'"):
-        protocol.decode("exit", {"rank": 0, "code": 1})  # an untyped report: refused
-    with pytest.raises(protocol.ProtocolError, match="unexpected frame 'bogus'"):
-        protocol.decode("bogus", None)
+    assert protocol.expect(reg, protocol.TO_DRIVER, "a task") is reg
+    with pytest.raises(protocol.ProtocolError, match="unexpected frame dict from a task"):
+        protocol.expect({"rank": 0, "code": 1}, protocol.TO_DRIVER, "a task")  # untyped: refused
+    with pytest.raises(protocol.ProtocolError, match="unexpected frame Assign from a task"):
+        protocol.expect(protocol.Assign({}), protocol.TO_DRIVER, "a task")  # the wrong way
+    with pytest.raises(protocol.ProtocolError, match="unexpected frame Register from the rank"):
+        protocol.expect(reg, protocol.TO_SUPERVISOR, "the rank")
     assert protocol.Output(1, "hi", "stderr").line() == "[1]<stderr>: hi"
     assert protocol.Output(1, "epoch 1").line() == "[1] epoch 1"
 
@@ -164,8 +174,8 @@ def test_job_state_one_handler_per_message():
     job.handle(b, protocol.Register(1, "h2"))
     assert job.assigned and assigned == [[a, b]]
     a.rank, b.rank = 0, 1
-    job.handle(b, protocol.RankState(1, {"stuck_for": 3.0, "in_tf": True, "where": "x"}))
-    assert job.stuck[1]["since"] <= time.monotonic() - 3.0
+    job.handle(b, protocol.RankState(1, protocol.Stuck(3.0, True, "x")))
+    assert job.stuck[1].since <= time.monotonic() - 3.0 and job.stuck[1].in_library
     job.handle(b, protocol.RankState(1, None))
     assert job.stuck == {}
     job.handle(a, protocol.Result(0, b"value"))

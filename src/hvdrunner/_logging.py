@@ -7,20 +7,20 @@ import logging
 import os
 import sys
 import threading
-from typing import Any
+from collections.abc import Callable
 
 #: sparkdl's limit: longer messages are truncated.
 MAX_MESSAGE_CHARS = 4000
 
-_channel: Any = None
+_channel: Callable[[int, str], None] | None = None
 _lock = threading.Lock()
 
 
-def install_channel(channel: Any) -> None:
-    """Called by the worker entry point; ``channel.send(kind, payload)`` reaches the driver."""
+def install_channel(send: Callable[[int, str], None]) -> None:
+    """Called by the worker entry point; ``send(rank, text)`` reaches the driver."""
     global _channel
     with _lock:
-        _channel = channel
+        _channel = send
 
 
 def log_to_driver(message: str) -> None:
@@ -40,13 +40,13 @@ def log_to_driver(message: str) -> None:
             f"{text[:MAX_MESSAGE_CHARS]}... [truncated {len(text) - MAX_MESSAGE_CHARS} characters]"
         )
     with _lock:
-        channel = _channel
-    if channel is None:
+        send = _channel
+    if send is None:
         print(text, flush=True)
         return
     rank = int(os.environ.get("HOROVOD_RANK", "0"))
     try:
-        channel.send("log", (rank, text))
+        send(rank, text)
     except OSError:
         # The supervisor is gone (job aborted); the message would go nowhere anyway.
         print(text, file=sys.stderr, flush=True)

@@ -112,10 +112,10 @@ class DriverService:
             self._conns[cid] = conn
         try:
             while True:
-                kind, payload = conn.channel.recv()
+                message = protocol.expect(conn.channel.recv(), protocol.TO_DRIVER, "a task")
                 conn.last_seen = time.monotonic()
-                if kind != "beat":
-                    self._events.put((cid, protocol.decode(kind, payload)))
+                if not isinstance(message, protocol.Beat):
+                    self._events.put((cid, message))
         except (protocol.ProtocolError, OSError, EOFError):
             self._events.put((cid, protocol.Disconnected()))
 
@@ -126,7 +126,7 @@ class DriverService:
                 conns = list(self._conns.values())
             for conn in conns:
                 with contextlib.suppress(OSError):
-                    conn.channel.send("beat", None)
+                    conn.channel.send(protocol.Beat())
 
     def _mark_silent(self, silent_s: float) -> bool:
         """Mark ranked, unfinished tasks silent for ``silent_s`` as lost; True if any."""
@@ -182,7 +182,7 @@ class DriverService:
                         protocol.NUM_HOSTS_ENV: num_hosts,
                     }
                 )
-                conn.channel.send("assign", env)
+                conn.channel.send(protocol.Assign(env))
 
     def abort(self) -> None:
         """Tell every connected rank to stop (their supervisors kill the rank processes)."""
@@ -190,7 +190,7 @@ class DriverService:
             conns = list(self._conns.values())
         for conn in conns:
             with contextlib.suppress(OSError):
-                conn.channel.send("abort", None)
+                conn.channel.send(protocol.Abort())
 
     def stop_ranks(self) -> None:
         """Abort, then wait (bounded) until every started rank reported its exit or is gone:
@@ -313,9 +313,7 @@ class DriverService:
         """The error naming the hosts whose tasks vanished (None while none did)."""
         with self._lock:
             conns = list(self._conns.values())
-        return lost_failure(
-            [(str(c.host), c.rank, c.where(), c.lost) for c in conns if c.rank is not None]
-        )
+        return lost_failure(conns)
 
     def _drain_exits(self, job: JobState | None, emit: Callable[[str], None] | None) -> None:
         """After an abort, wait (bounded) until every started rank reported its exit (into

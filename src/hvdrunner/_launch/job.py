@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from typing import Any, Protocol
+from typing import Any
 
 from hvdrunner._launch import verdict
 from hvdrunner._launch.protocol import (
@@ -21,20 +21,8 @@ from hvdrunner._launch.protocol import (
     Register,
     Result,
 )
+from hvdrunner._launch.verdict import Stall, Task
 from hvdrunner.errors import HorovodRunnerError
-
-
-class Task(Protocol):
-    """The driver's view of one connected task (``driver._Conn``)."""
-
-    partition: int | None
-    host: str | None
-    address: str | None
-    hostname: str | None
-    ip: str | None
-    rank: int | None
-    exited: bool
-    lost: bool
 
 
 class JobState:
@@ -61,7 +49,7 @@ class JobState:
         self.failure: HorovodRunnerError | None = None  # decided: stop now
         self.failed_report: ExitReport | None = None  # a rank failed: verdict after the drain
         self.rank0_done: float | None = None
-        self.stuck: dict[int, dict[str, Any]] = {}  # rank -> its watchdog report (+ since)
+        self.stuck: dict[int, Stall] = {}  # rank -> where its watchdog says it is stuck
         self._builds: dict[str | None, list[str]] = {}  # horovod build -> its hosts
         self._handlers: dict[type, Callable[[Any, Any], None]] = {
             Register: self.on_register, Result: self.on_result, RankState: self.on_state,
@@ -98,11 +86,11 @@ class JobState:
         self.result = msg.value
 
     def on_state(self, task: Task, msg: RankState) -> None:
-        if msg.state is None:
+        if msg.stuck is None:
             self.stuck.pop(msg.rank, None)
-        else:
-            since = time.monotonic() - msg.state["stuck_for"]
-            self.stuck[msg.rank] = {**msg.state, "since": since}
+        else:  # how long, by the rank's clock, becomes since when, by ours
+            since = time.monotonic() - msg.stuck.stuck_for
+            self.stuck[msg.rank] = Stall(since, msg.stuck.in_library, msg.stuck.where)
 
     def on_exit(self, task: Task, msg: ExitReport) -> None:
         task.exited = True

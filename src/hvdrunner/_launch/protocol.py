@@ -1,12 +1,16 @@
 """Framed messages over sockets and pipes, with a per-job HMAC challenge on connect.
 
-Every frame is ``8-byte big-endian length + pickle((kind, payload))``. Pickle is only read
-after the peer proved it holds the job's secret key (horovod's ``secret`` helpers), so a
-stray or hostile connection never reaches ``pickle.loads``.
+Every frame is ``8-byte big-endian length + pickle(message)``, a message being one of the
+frozen dataclasses below: its type is its kind. Pickle is only read after the peer proved
+it holds the job's secret key (horovod's ``secret`` helpers), so a stray or hostile
+connection never reaches ``pickle.loads``.
 
-What a task tells the driver is one of the typed messages below (the frame's payload);
-:func:`decode` turns a frame into one, refusing anything else. The driver only sends
-``assign`` (the rank's Horovod environment), ``abort`` and ``beat``.
+Three channels, each with its own vocabulary, checked on receipt (:func:`expect`):
+- the driver tells a task :data:`TO_TASK` (``Assign``, ``Abort``, ``Beat``);
+- a task tells the driver :data:`TO_DRIVER` (``Register``, ``Output``, ``RankState``,
+  ``Result``, ``ExitReport``, ``Beat``);
+- a rank process tells its supervisor, over a pipe, :data:`TO_SUPERVISOR` (``Log``,
+  ``Stuck``, ``Moving``, ``Value``, ``RankError``).
 """
 
 from __future__ import annotations
@@ -19,7 +23,7 @@ import struct
 import threading
 import traceback
 from dataclasses import dataclass
-from typing import Any, BinaryIO, cast
+from typing import Any, BinaryIO
 
 from horovod.runner.common.util import secret
 
@@ -38,6 +42,73 @@ HEARTBEAT_S = 1.0
 
 class ProtocolError(RuntimeError):
     """The peer closed the connection, sent garbage, or failed authentication."""
+
+
+# -- both ways ---------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Beat:
+    """I am alive (every :data:`HEARTBEAT_S`, both ways on a driver<->task connection)."""
+
+
+# -- what the driver tells a task ---------------------------------------------------------------
+@dataclass(frozen=True)
+class Assign:
+    """The rank's Horovod environment (rank, sizes, rendezvous, the job's extra variables)."""
+
+    env: dict[str, str]
+
+
+@dataclass(frozen=True)
+class Abort:
+    """Stop the rank now (the job is failing, or rank 0 returned and others linger)."""
+
+
+# -- what a rank process tells its supervisor ---------------------------------------------------
+@dataclass(frozen=True)
+class ErrorReport:
+    """A rank's exception as it travels: class, module, message, formatted traceback."""
+
+    type: str
+    module: str
+    message: str
+    traceback: str
+
+
+@dataclass(frozen=True)
+class RankError:
+    """The rank's function raised (sent before the process exits non-zero)."""
+
+    error: ErrorReport
+
+
+@dataclass(frozen=True)
+class Log:
+    """A ``log_to_driver`` message of rank ``rank``."""
+
+    rank: int
+    text: str
+
+
+@dataclass(frozen=True)
+class Stuck:
+    """The watchdog: the main thread has not moved for ``stuck_for`` seconds, at ``where``;
+    ``in_library``: inside a framework's or Horovod's code (a collective, one long step)."""
+
+    stuck_for: float
+    in_library: bool
+    where: str
+
+
+@dataclass(frozen=True)
+class Moving:
+    """The watchdog: the main thread moves again."""
+
+
+@dataclass(frozen=True)
+class Value:
+    """Rank 0's return value, cloudpickled in the rank."""
+
+    blob: bytes
 
 
 # -- what tasks tell the driver ----------------------------------------------------------------
@@ -60,7 +131,7 @@ class ExitReport:
     rank: int
     code: int
     how: str
-    error: dict[str, str] | None = None
+    error: ErrorReport | None = None
     tail: tuple[str, ...] = ()
     aborted: bool = False  # stopped by the driver's abort, not failed on its own
 
@@ -95,10 +166,10 @@ class Result:
 
 @dataclass(frozen=True)
 class RankState:
-    """The watchdog: where a rank has been stuck (``None``: it moves again)."""
+    """The watchdog of rank ``rank``: where it has been stuck (``None``: it moves again)."""
 
     rank: int
-    state: dict[str, Any] | None
+    stuck: Stuck | None
 
 
 @dataclass(frozen=True)
@@ -107,37 +178,38 @@ class Disconnected:
 
 
 Message = Register | ExitReport | Output | Result | RankState | Disconnected
-_KINDS: dict[str, type] = {
-    "register": Register, "exit": ExitReport, "output": Output, "result": Result,
-    "state": RankState,
-}  # fmt: skip
+#: Each channel's vocabulary (see the module docstring).
+TO_TASK = (Assign, Abort, Beat)
+TO_DRIVER = (Register, ExitReport, Output, Result, RankState, Beat)
+TO_SUPERVISOR = (Log, Stuck, Moving, Value, RankError)
 
 
-def decode(kind: str, payload: Any) -> Message:
-    """The typed message of a task's frame; :class:`ProtocolError` for anything else."""
-    expected = _KINDS.get(kind)
-    if expected is None or not isinstance(payload, expected):
-        raise ProtocolError(f"unexpected frame {kind!r} ({type(payload).__name__}) from a task")
-    return cast(Message, payload)
+def expect(message: object, vocabulary: tuple[type, ...], sender: str) -> Any:
+    """``message`` if it is of ``vocabulary``; :class:`ProtocolError` naming it otherwise.
+    (``Any``: the caller dispatches on the message's type.)
+
+    Example:
+        >>> expect(Beat(), TO_TASK, "the driver")
+        Beat()
+    """
+    if not isinstance(message, vocabulary):
+        raise ProtocolError(f"unexpected frame {type(message).__name__} from {sender}")
+    return message
 
 
-def error_report(exc: BaseException, message: str | None = None) -> dict[str, str]:
+def error_report(exc: BaseException, message: str | None = None) -> ErrorReport:
     """How a rank's exception travels to the driver (call inside the ``except`` block)."""
     if message is None:
         try:
             message = str(exc)
         except Exception as failed:  # noqa: BLE001 - a broken __str__ must not hide the error
             message = f"<{type(exc).__name__} whose str() raised {type(failed).__name__}: {failed}>"
-    return {
-        "type": type(exc).__qualname__,
-        "module": type(exc).__module__,
-        "message": message,
-        "traceback": traceback.format_exc(),
-    }
+    return ErrorReport(type(exc).__qualname__, type(exc).__module__, message,
+                       traceback.format_exc())  # fmt: skip
 
 
-def encode(kind: str, payload: Any) -> bytes:
-    body = pickle.dumps((kind, payload), protocol=pickle.HIGHEST_PROTOCOL)
+def encode(message: object) -> bytes:
+    body = pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL)
     return _LEN.pack(len(body)) + body
 
 
@@ -152,13 +224,12 @@ def _read_exact(read: Any, n: int) -> bytes:
     return b"".join(chunks)
 
 
-def read_frame(read: Any) -> tuple[str, Any]:
-    """Read one frame with ``read(n)`` (a socket's ``recv`` or a file's ``read``)."""
+def read_frame(read: Any) -> object:
+    """Read one message with ``read(n)`` (a socket's ``recv`` or a file's ``read``)."""
     (size,) = _LEN.unpack(_read_exact(read, _LEN.size))
     if size > MAX_FRAME_BYTES:
         raise ProtocolError(f"frame of {size} bytes exceeds the {MAX_FRAME_BYTES}-byte limit")
-    kind, payload = pickle.loads(_read_exact(read, size))
-    return kind, payload
+    return pickle.loads(_read_exact(read, size))
 
 
 class Channel:
@@ -168,12 +239,12 @@ class Channel:
         self._sock = sock
         self._send_lock = threading.Lock()
 
-    def send(self, kind: str, payload: Any = None) -> None:
-        data = encode(kind, payload)
+    def send(self, message: object) -> None:
+        data = encode(message)
         with self._send_lock:
             self._sock.sendall(data)
 
-    def recv(self) -> tuple[str, Any]:
+    def recv(self) -> object:
         return read_frame(self._sock.recv)
 
     def close(self) -> None:
@@ -209,10 +280,10 @@ def connect(host: str, port: int, key: bytes, timeout: float = 30.0) -> Channel:
 
 
 def beat_forever(send: Any, stopped: threading.Event) -> None:
-    """Send a "beat" every :data:`HEARTBEAT_S` until ``stopped`` or the peer is gone."""
+    """Send a :class:`Beat` every :data:`HEARTBEAT_S` until ``stopped`` or the peer is gone."""
     while not stopped.wait(HEARTBEAT_S):
         try:
-            send("beat", None)
+            send(Beat())
         except OSError:
             return
 
@@ -224,8 +295,8 @@ class PipeWriter:
         self._stream = stream
         self._lock = threading.Lock()
 
-    def send(self, kind: str, payload: Any = None) -> None:
-        data = encode(kind, payload)
+    def send(self, message: object) -> None:
+        data = encode(message)
         with self._lock:
             self._stream.write(data)
             self._stream.flush()

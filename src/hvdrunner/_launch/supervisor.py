@@ -95,7 +95,7 @@ class RankSupervisor:
         self._quiet_cpu = self._env.get(NO_GPU_ENV) == "1"
         self._tail: collections.deque[str] = collections.deque(maxlen=TAIL_LINES)
         self._tail_lock = threading.Lock()
-        self._error: dict[str, str] | None = None
+        self._error: protocol.ErrorReport | None = None
         self._aborted = threading.Event()
         self._host_timeout = host_timeout
         self._heard = time.monotonic()  # last frame from the driver (beats included)
@@ -112,7 +112,7 @@ class RankSupervisor:
                 continue
             if self._forward:
                 try:
-                    self._channel.send("output", protocol.Output(self._rank, text, name))
+                    self._channel.send(protocol.Output(self._rank, text, name))
                 except OSError:
                     self._forward = False  # driver gone; keep draining so the child never blocks
             else:
@@ -123,15 +123,19 @@ class RankSupervisor:
     def _pump_control(self, stream: IO[bytes]) -> None:
         try:
             while True:
-                kind, payload = protocol.read_frame(stream.read)
-                if kind == "error":
-                    self._error = payload
-                elif kind == "log":  # log_to_driver in the rank: (rank, text)
-                    self._channel.send("output", protocol.Output(payload[0], payload[1]))
-                elif kind == "state":
-                    self._channel.send("state", protocol.RankState(self._rank, payload))
-                elif kind == "result":
-                    self._channel.send("result", protocol.Result(self._rank, payload))
+                message = protocol.expect(
+                    protocol.read_frame(stream.read), protocol.TO_SUPERVISOR, "the rank"
+                )
+                if isinstance(message, protocol.RankError):
+                    self._error = message.error
+                elif isinstance(message, protocol.Log):  # log_to_driver in the rank
+                    self._channel.send(protocol.Output(message.rank, message.text))
+                elif isinstance(message, protocol.Stuck):
+                    self._channel.send(protocol.RankState(self._rank, message))
+                elif isinstance(message, protocol.Moving):
+                    self._channel.send(protocol.RankState(self._rank, None))
+                elif isinstance(message, protocol.Value):
+                    self._channel.send(protocol.Result(self._rank, message.blob))
         except (protocol.ProtocolError, OSError, EOFError):
             pass
         finally:
@@ -140,9 +144,9 @@ class RankSupervisor:
     def _listen_for_abort(self) -> None:
         try:
             while True:
-                kind, _ = self._channel.recv()
+                message = protocol.expect(self._channel.recv(), protocol.TO_TASK, "the driver")
                 self._heard = time.monotonic()
-                if kind == "abort":
+                if isinstance(message, protocol.Abort):
                     break
         except (protocol.ProtocolError, OSError):
             pass  # the driver went away: treat exactly like an abort
@@ -260,5 +264,5 @@ class RankSupervisor:
             self._rank, code, describe_exit(code), self._error, tuple(tail), self._aborted.is_set()
         )
         with contextlib.suppress(OSError):
-            self._channel.send("exit", report)
+            self._channel.send(report)
         return code

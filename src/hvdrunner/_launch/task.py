@@ -124,20 +124,19 @@ def run_slot(spec: TaskSpec, partition: int, address: str, task_gpus: Sequence[s
                      name="hvdrunner-beat", daemon=True).start()  # fmt: skip
     try:
         # hostname and ip name this host in errors (a lost host, a broken one).
-        channel.send("register", protocol.Register(partition, host, address, socket.gethostname(),
-                                                   ip, multihost.horovod_build()))  # fmt: skip
-        kind, assigned = channel.recv()
-        while kind == "beat":
-            kind, assigned = channel.recv()
-        if kind != "assign":
+        channel.send(protocol.Register(partition, host, address, socket.gethostname(), ip,
+                                       multihost.horovod_build()))  # fmt: skip
+        message = protocol.expect(channel.recv(), protocol.TO_TASK, "the driver")
+        while isinstance(message, protocol.Beat):
+            message = protocol.expect(channel.recv(), protocol.TO_TASK, "the driver")
+        if not isinstance(message, protocol.Assign):
             return 0  # aborted before the ranks were assigned
+        assigned = message.env
         rank = int(assigned["HOROVOD_RANK"])
         try:
             env = _rank_env(spec, assigned, address, ip, task_gpus)
         except Exception as exc:  # noqa: BLE001 - reported to the driver as this rank's failure
-            channel.send(
-                "exit", protocol.ExitReport(rank, 1, "setup failed", protocol.error_report(exc))
-            )
+            channel.send(protocol.ExitReport(rank, 1, "setup failed", protocol.error_report(exc)))
             return 1
         supervisor = RankSupervisor(
             channel, rank, env, spec.payload, spec.forward_output, spec.host_timeout

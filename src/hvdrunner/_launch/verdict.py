@@ -7,25 +7,50 @@ connections), so each rule is testable without a job.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import Any
+from dataclasses import dataclass
+from typing import Protocol
 
 from hvdrunner._launch.protocol import ExitReport
 from hvdrunner.errors import HorovodRunnerError
 
-#: (host id, rank, "host (ip)" for messages, lost) for each started task.
-TaskView = tuple[str, int, str, bool]
+
+class Task(Protocol):
+    """What the job and its verdict know of one connected task (``driver._Conn``)."""
+
+    partition: int | None
+    host: str | None
+    address: str | None
+    hostname: str | None
+    ip: str | None
+    rank: int | None
+    exited: bool
+    lost: bool
+
+    def where(self) -> str:
+        """``host (ip)`` for messages."""
 
 
-def lost_failure(tasks: Sequence[TaskView]) -> HorovodRunnerError | None:
+@dataclass(frozen=True)
+class Stall:
+    """A rank's watchdog report as the driver keeps it: since when (the driver's clock),
+    whether inside a framework's or Horovod's code, and where."""
+
+    since: float
+    in_library: bool
+    where: str
+
+
+def lost_failure(tasks: Sequence[Task]) -> HorovodRunnerError | None:
     """The error naming every host (or rank) whose task vanished before its exit report."""
-    lost = [t for t in tasks if t[3]]
+    ranked = [t for t in tasks if t.rank is not None]
+    lost = [t for t in ranked if t.lost]
     if not lost:
         return None
     parts = []
-    for host in dict.fromkeys(t[0] for t in lost):
-        ranks = sorted(t[1] for t in lost if t[0] == host)
-        whole = len(ranks) == sum(1 for t in tasks if t[0] == host)
-        where = next(t[2] for t in lost if t[0] == host)
+    for host in dict.fromkeys(t.host for t in lost):
+        ranks = sorted(t.rank for t in lost if t.host == host and t.rank is not None)
+        whole = len(ranks) == sum(1 for t in ranked if t.host == host)
+        where = next(t.where() for t in lost if t.host == host)
         parts.append(
             f"host {where} with rank(s) {ranks}" if whole else f"rank(s) {ranks} on {where}"
         )
@@ -35,22 +60,22 @@ def lost_failure(tasks: Sequence[TaskView]) -> HorovodRunnerError | None:
         f"machine, its executor or its network went away (see that executor's log and "
         f"the cluster's event log). The other ranks were stopped; rerun with the same "
         f"checkpoint_dir to resume.",
-        rank=min(t[1] for t in lost),
+        rank=min(t.rank for t in lost if t.rank is not None),
     )
 
 
 def stall_failure(
-    stuck: dict[int, dict[str, Any]], np: int, stall_timeout: float, now: float
+    stuck: dict[int, Stall], np: int, stall_timeout: float, now: float
 ) -> HorovodRunnerError | None:
-    """A failure when some rank waited in a TF/Horovod call past ``stall_timeout``."""
-    waiting = sorted(r for r, s in stuck.items() if s["in_tf"] and now - s["since"] > stall_timeout)
+    """A failure when some rank waited in a framework/Horovod call past ``stall_timeout``."""
+    waiting = sorted(r for r, s in stuck.items() if s.in_library and now - s.since > stall_timeout)
     if not waiting:
         return None
     others = [r for r in range(np) if r not in waiting]
 
     def where(r: int) -> str:
         s = stuck.get(r)
-        return f"stuck {now - s['since']:.0f}s at {s['where']}" if s else "busy elsewhere"
+        return f"stuck {now - s.since:.0f}s at {s.where}" if s else "busy elsewhere"
 
     advice = (
         "Every rank must make the same collective calls in the same order (same steps per "
@@ -62,7 +87,7 @@ def stall_failure(
             f"Rank(s) {others} did not join the collective that rank(s) {waiting} waited in "
             f"for more than stall_timeout={stall_timeout:g}s "
             f"({'; '.join(f'rank {r}: {where(r)}' for r in others)}; rank {waiting[0]} waited "
-            f"at {stuck[waiting[0]]['where']}). {advice}",
+            f"at {stuck[waiting[0]].where}). {advice}",
             rank=others[0],
         )
     return HorovodRunnerError(
@@ -91,21 +116,16 @@ def rank_failure(
             f"still running collectives: every rank must run the same steps. "
         )
     err = report.error
-    if err:
-        err = {k: scrub(v) if isinstance(v, str) else v for k, v in err.items()}
-    if err:
+    if err is not None:
+        exc_type, message, trace = scrub(err.type), scrub(err.message), scrub(err.traceback)
         summary = (
-            f"{cause}Rank {rank} failed with {err['type']}: "
-            f"{_clip(err['message']).rstrip().rstrip('.')}. The other ranks were stopped."
+            f"{cause}Rank {rank} failed with {exc_type}: "
+            f"{_clip(message).rstrip().rstrip('.')}. The other ranks were stopped."
         )
         return HorovodRunnerError(
-            summary,
-            rank=rank,
-            exc_type=err["type"],
-            remote_message=err["message"],
-            remote_traceback=err["traceback"],
-            output_tail=tail,
-        )
+            summary, rank=rank, exc_type=exc_type, remote_message=message,
+            remote_traceback=trace, output_tail=tail,
+        )  # fmt: skip
     return HorovodRunnerError(
         f"{cause}Rank {rank} died ({report.how}) without raising a Python exception. "
         f"The other ranks were stopped.",
@@ -120,8 +140,9 @@ _COLLECTIVE_SIGNS = ("Horovod has been shut down", "HorovodInternalError", "gloo
 
 
 def _failed_in_a_collective(report: ExitReport) -> bool:
-    err = report.error or {}
-    text = " ".join([str(err.get("type", "")), str(err.get("message", "")), *report.tail[-20:]])
+    err = report.error
+    said = [err.type, err.message] if err is not None else []
+    text = " ".join([*said, *report.tail[-20:]])
     return any(sign in text for sign in _COLLECTIVE_SIGNS)
 
 

@@ -4,8 +4,9 @@ Horovod's own stall inspector did not fire over gloo here (no warning after 80 s
 ``HOROVOD_STALL_CHECK_TIME_SECONDS=60``), so hvdrunner watches for itself. Once a second a
 daemon thread looks at the main thread's innermost Python frame. When it has not moved for
 :data:`REPORT_AFTER_S`, the rank reports a ``state`` frame to its
-supervisor (``{"stuck_for", "in_tf", "where"}``), and ``None`` when it moves on. A rank blocked inside a framework or Horovod call
-(``in_tf``) is waiting in a collective or running one very long step; the driver decides
+supervisor (``Stuck``: for how long, whether inside a library, where), and ``Moving`` when
+it moves on. A rank blocked inside a framework or Horovod call (``in_library``) is waiting
+in a collective or running one very long step; the driver decides
 with ``stall_timeout`` and names the ranks that were *not* waiting with it.
 """
 
@@ -17,6 +18,8 @@ import threading
 import time
 from collections.abc import Callable
 from typing import Any
+
+from hvdrunner._launch import protocol
 
 _OWN = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # src/hvdrunner
 #: A frame unchanged this long is reported (small: the driver applies stall_timeout).
@@ -44,7 +47,7 @@ def _is_library(frame: Any) -> bool:
     return any(p in frame.f_code.co_filename for p in _LIBRARY_PATHS)
 
 
-def in_tensorflow(frame: Any) -> bool:
+def in_library(frame: Any) -> bool:
     """The main thread waits inside TensorFlow, Keras, PyTorch or Horovod (a C call: an op,
     a step, a collective).
 
@@ -64,8 +67,9 @@ def where(frame: Any) -> str:
     return describe(frame)
 
 
-def start(send: Callable[[str, Any], None], period_s: float = 1.0) -> threading.Thread:
-    """Start watching the calling (main) thread; reports through ``send(kind, payload)``."""
+def start(send: Callable[[object], None], period_s: float = 1.0) -> threading.Thread:
+    """Start watching the calling (main) thread; reports through ``send(message)``
+    (:class:`~hvdrunner._launch.protocol.Stuck`, then ``Moving`` when it moves on)."""
     main_id = threading.get_ident()
 
     def watch() -> None:
@@ -81,12 +85,11 @@ def start(send: Callable[[str, Any], None], period_s: float = 1.0) -> threading.
             now = time.time()
             if key != last:
                 if reported:
-                    send("state", None)  # moving again
+                    send(protocol.Moving())
                 last, since, reported = key, now, False
             elif not reported and now - since >= REPORT_AFTER_S:
                 # How long, not since when: the driver's clock may differ from this host's.
-                send("state", {"stuck_for": now - since, "in_tf": in_tensorflow(frame),
-                               "where": where(frame)})  # fmt: skip
+                send(protocol.Stuck(now - since, in_library(frame), where(frame)))
                 reported = True
             del frame
 

@@ -9,6 +9,7 @@ exception's type, message and traceback.
 from __future__ import annotations
 
 import ctypes
+import dataclasses
 import os
 import signal
 import sys
@@ -16,6 +17,7 @@ import traceback
 
 import cloudpickle
 
+from hvdrunner._launch import protocol
 from hvdrunner._launch.protocol import PipeWriter, error_report
 
 CONTROL_FD_ENV = "HVDRUNNER_CONTROL_FD"
@@ -71,7 +73,7 @@ def main(payload_path: str) -> int:
     # log_to_driver() in user code finds the channel through this module-level hook.
     from hvdrunner import _logging
 
-    _logging.install_channel(control)
+    _logging.install_channel(lambda rank, text: control.send(protocol.Log(rank, text)))
     from hvdrunner._launch import watchdog
 
     watchdog.start(control.send)
@@ -89,7 +91,7 @@ def main(payload_path: str) -> int:
         sys.stdout.flush()
         sys.stderr.flush()
         traceback.print_exc()
-        control.send("error", error_report(exc))
+        control.send(protocol.RankError(error_report(exc)))
         return 1
     _shutdown_horovod()
     sys.stdout.flush()
@@ -103,11 +105,11 @@ def main(payload_path: str) -> int:
                 f"the return value of rank 0 ({type(value).__name__}) cannot be "
                 f"pickled: {exc}. Return plain data (numbers, dicts, numpy arrays, paths)."
             )
-            control.send(
-                "error", error_report(exc, message) | {"type": "TypeError", "module": "builtins"}
-            )
+            report = dataclasses.replace(error_report(exc, message), type="TypeError",
+                                         module="builtins")  # fmt: skip
+            control.send(protocol.RankError(report))
             return 1
-        control.send("result", blob)
+        control.send(protocol.Value(blob))
     return 0
 
 
