@@ -12,7 +12,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
-from hvdrunner import tracking
+from hvdrunner import _noise, tracking
 from hvdrunner._logging import get_logger
 from hvdrunner._secrets import secrets_in
 from hvdrunner.errors import HorovodRunnerError
@@ -170,6 +170,12 @@ class HorovodRunner:
             spread_host_gpus=target.spread,
             pythonpath=_local_pythonpath(),
             host_timeout=self.host_timeout,
+            quiet=_noise.CHATTER,
+            quiet_without_gpu=_noise.CPU_NOISE,
+            # Before user code: Horovod's Keras layer fails fast under Keras 3 (it would
+            # train unsynchronized), and in tf_keras mode `import keras` means tf_keras.
+            # The guard is a leaf that loads no framework: harmless in a torch rank.
+            rank_setup=("hvdrunner._import_guard:install_import_guard",),
         )
         _log.info(f"launching {target.np} Horovod ranks on {target.where}")
         return self._supervise(target.launch(spec), service, track_env, secrets)

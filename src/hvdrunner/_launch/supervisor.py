@@ -47,32 +47,6 @@ def describe_exit(code: int) -> str:
 
 #: Set in a rank's environment when it has no GPU: then the lines below are noise.
 NO_GPU_ENV = "HVDRUNNER_NO_GPU"
-#: What TensorFlow prints while probing CUDA and CPU features on a machine without a GPU.
-#: Shown to nobody there (still kept in the error tail); on a GPU node every line shows.
-CPU_NOISE = (
-    "failed call to cuInit", "Could not find cuda drivers on your machine",
-    "Unable to register cuDNN factory", "Unable to register cuFFT factory",
-    "Unable to register cuBLAS factory", "TF-TRT Warning: Could not find TensorRT",
-    "oneDNN custom operations are on", "This TensorFlow binary is optimized to use",
-    "To enable the following instructions", "rebuild TensorFlow with the appropriate compiler",
-    "All log messages before absl::InitializeLog() is called", "computation placer already registered",
-    "cuda_executor.cc", "cudart_stub.cc",
-)  # fmt: skip
-
-
-#: MLflow's sqlite store narrating its schema migrations at INFO in every process that
-#: opens it (MLflow pins the alembic logger at INFO): never relayed, kept in the tail.
-CHATTER = ("INFO alembic.runtime.", "INFO mlflow.store.db.utils:")
-
-
-def is_cpu_noise(text: str) -> bool:
-    """A line of TensorFlow's CUDA/CPU probing (see :data:`CPU_NOISE`)."""
-    return any(marker in text for marker in CPU_NOISE)
-
-
-def is_chatter(text: str) -> bool:
-    """A line of library chatter no user needs (see :data:`CHATTER`)."""
-    return any(marker in text for marker in CHATTER)
 
 
 class RankSupervisor:
@@ -86,13 +60,16 @@ class RankSupervisor:
         payload: bytes,
         forward_output: bool,
         host_timeout: float = 30.0,
+        quiet: tuple[str, ...] = (),
+        quiet_without_gpu: tuple[str, ...] = (),
     ) -> None:
         self._channel = channel
         self._rank = rank
         self._env = dict(env)
         self._payload = payload
         self._forward = forward_output
-        self._quiet_cpu = self._env.get(NO_GPU_ENV) == "1"
+        # Markers of lines never relayed; without a GPU also the GPU-probing ones.
+        self._quiet = quiet + (quiet_without_gpu if self._env.get(NO_GPU_ENV) == "1" else ())
         self._tail: collections.deque[str] = collections.deque(maxlen=TAIL_LINES)
         self._tail_lock = threading.Lock()
         self._error: protocol.ErrorReport | None = None
@@ -108,7 +85,7 @@ class RankSupervisor:
             text = raw.decode("utf-8", errors="replace").rstrip("\n")
             with self._tail_lock:
                 self._tail.append(f"<{name}>: {text}")
-            if is_chatter(text) or (self._quiet_cpu and is_cpu_noise(text)):
+            if any(marker in text for marker in self._quiet):
                 continue
             if self._forward:
                 try:

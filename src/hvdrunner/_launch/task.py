@@ -18,6 +18,7 @@ import psutil
 from hvdrunner import multihost
 from hvdrunner._launch import protocol
 from hvdrunner._launch.supervisor import NO_GPU_ENV, RankSupervisor
+from hvdrunner._launch.worker import RANK_SETUP_ENV
 from hvdrunner.distributed import cuda_visible_devices, host_gpus
 
 
@@ -33,6 +34,12 @@ class TaskSpec:
     spread_host_gpus: bool
     pythonpath: tuple[str, ...] = ()
     host_timeout: float = 30.0  # driver silent this long: it (or our link) is gone
+    # What the caller knows of frameworks, handed down: output markers never relayed
+    # (without a GPU, ``quiet_without_gpu`` too), and "module:function" hooks each rank
+    # calls before the user's function.
+    quiet: tuple[str, ...] = ()
+    quiet_without_gpu: tuple[str, ...] = ()
+    rank_setup: tuple[str, ...] = ()
 
     def __repr__(self) -> str:  # the key never appears in logs or tracebacks
         return f"TaskSpec(driver={self.driver_addr}:{self.driver_port}, payload={len(self.payload)} bytes)"
@@ -94,8 +101,9 @@ def _rank_env(
     if gpus is not None:
         env["CUDA_VISIBLE_DEVICES"] = gpus
     if not gpus and not host_gpus():
-        # No GPU for this rank: TensorFlow's CUDA probing lines are noise, not news.
-        env[NO_GPU_ENV] = "1"
+        env[NO_GPU_ENV] = "1"  # no GPU for this rank: GPU-probing lines are not news
+    if spec.rank_setup:
+        env[RANK_SETUP_ENV] = ",".join(spec.rank_setup)
     # Let the child import the driver's local modules when they exist here (local mode).
     extra = [p for p in spec.pythonpath if p and os.path.isdir(p)]
     if extra:
@@ -139,8 +147,9 @@ def run_slot(spec: TaskSpec, partition: int, address: str, task_gpus: Sequence[s
             channel.send(protocol.ExitReport(rank, 1, "setup failed", protocol.error_report(exc)))
             return 1
         supervisor = RankSupervisor(
-            channel, rank, env, spec.payload, spec.forward_output, spec.host_timeout
-        )
+            channel, rank, env, spec.payload, spec.forward_output, spec.host_timeout,
+            quiet=spec.quiet, quiet_without_gpu=spec.quiet_without_gpu,
+        )  # fmt: skip
         return supervisor.run()
     finally:
         stopped.set()

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import ctypes
 import dataclasses
+import importlib
 import os
 import signal
 import sys
@@ -21,6 +22,8 @@ from hvdrunner._launch import protocol
 from hvdrunner._launch.protocol import PipeWriter, error_report
 
 CONTROL_FD_ENV = "HVDRUNNER_CONTROL_FD"
+#: "module:function,..." the rank calls before the user's function (TaskSpec.rank_setup).
+RANK_SETUP_ENV = "HVDRUNNER_RANK_SETUP"
 _PR_SET_PDEATHSIG = 1
 
 
@@ -67,6 +70,13 @@ def _kill_descendants() -> None:
             continue
 
 
+def _run_setup(names: str) -> None:
+    """Call each ``module:function`` of ``names`` (comma-separated), in order."""
+    for name in filter(None, names.split(",")):
+        module, _, function = name.partition(":")
+        getattr(importlib.import_module(module), function)()
+
+
 def main(payload_path: str) -> int:
     _die_with_parent()
     control = _control()
@@ -79,11 +89,7 @@ def main(payload_path: str) -> int:
     watchdog.start(control.send)
     rank = int(os.environ.get("HOROVOD_RANK", "0"))
     try:
-        # Before user code: Horovod's Keras layer fails fast under Keras 3 (it would train
-        # unsynchronized), and in tf_keras mode `import keras` means tf_keras.
-        from hvdrunner._import_guard import install_import_guard  # a leaf: loads no Keras
-
-        install_import_guard()
+        _run_setup(os.environ.get(RANK_SETUP_ENV, ""))  # the caller's hooks, before user code
         with open(payload_path, "rb") as f:
             fn, kwargs = cloudpickle.load(f)
         value = fn(**kwargs)

@@ -1,0 +1,33 @@
+"""What frameworks and libraries print in a rank that is not news to a user: the lines the
+launcher keeps out of the notebook (they stay in a failing rank's error tail). The runner
+hands these to the launcher (``TaskSpec.quiet``, ``quiet_without_gpu``), which itself knows
+no framework."""
+
+from __future__ import annotations
+
+#: What TensorFlow prints while probing CUDA and CPU features on a machine without a GPU.
+#: Shown to nobody there (still kept in the error tail); on a GPU node every line shows.
+CPU_NOISE = (
+    "failed call to cuInit", "Could not find cuda drivers on your machine",
+    "Unable to register cuDNN factory", "Unable to register cuFFT factory",
+    "Unable to register cuBLAS factory", "TF-TRT Warning: Could not find TensorRT",
+    "oneDNN custom operations are on", "This TensorFlow binary is optimized to use",
+    "To enable the following instructions", "rebuild TensorFlow with the appropriate compiler",
+    "All log messages before absl::InitializeLog() is called", "computation placer already registered",
+    "cuda_executor.cc", "cudart_stub.cc",
+)  # fmt: skip
+
+
+#: MLflow's sqlite store narrating its schema migrations at INFO in every process that
+#: opens it (MLflow pins the alembic logger at INFO): never relayed, kept in the tail.
+CHATTER = ("INFO alembic.runtime.", "INFO mlflow.store.db.utils:")
+
+
+def is_cpu_noise(text: str) -> bool:
+    """A line of TensorFlow's CUDA/CPU probing (see :data:`CPU_NOISE`)."""
+    return any(marker in text for marker in CPU_NOISE)
+
+
+def is_chatter(text: str) -> bool:
+    """A line of library chatter no user needs (see :data:`CHATTER`)."""
+    return any(marker in text for marker in CHATTER)
