@@ -17,7 +17,7 @@ import torch
 import torch.nn.functional as F
 
 from hvdrunner import tracking
-from hvdrunner._logging import get_logger
+from hvdrunner._logging import log_to_driver
 from hvdrunner.core import recipe, schedule
 from hvdrunner.distributed import is_rank0, size
 from hvdrunner.torch import collectives
@@ -161,9 +161,9 @@ class Trainer:
         done = epoch + 1
         if not is_rank0():
             return
-        if self.cfg.verbose:
+        if self.cfg.verbose:  # progress, not a status line: to the driver's output as "[0] ..."
             shown = " - ".join(f"{k} {v:.4f}" for k, v in logs.items())
-            get_logger().info(f"epoch {done}/{self.cfg.epochs} - {shown} ({seconds:.1f} s)")
+            log_to_driver(f"epoch {done}/{self.cfg.epochs} - {shown} ({seconds:.1f} s)")
         tracking.log_metrics(logs, step=epoch)
         every = self.cfg.checkpoint_every
         if self.store is not None and recipe.checkpoint_due(done, every, self.cfg.epochs):
