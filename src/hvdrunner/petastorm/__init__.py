@@ -4,7 +4,7 @@ notebooks run with one changed import.
     from petastorm.spark import SparkDatasetConverter, make_spark_converter           # before
     from hvdrunner.petastorm.spark import SparkDatasetConverter, make_spark_converter # after
 
-petastorm 0.13.1 cannot import with pyarrow >= 16 (every runtime after DBR 15.4 LTS ML), and it
+petastorm 0.13.1 works only with pyarrow < 15 (no runtime after DBR 15.4 LTS ML), and it
 shards by row group, so ranks can get unequal row counts and, with a finite ``num_epochs``,
 stop at different steps (Horovod then hangs). This converter writes through
 :func:`hvdrunner.data.prepare` and reads through :class:`hvdrunner.data.PreparedData`: every
