@@ -108,7 +108,9 @@ def test_jobs_load_with_databricks_bundles_and_match_the_notebooks(name, framewo
     ],
 )
 def test_the_three_notebooks_run_as_a_local_job(tmp_path, framework, feed):
-    env = dict(os.environ, MLFLOW_TRACKING_URI=f"sqlite:///{tmp_path / 'mlflow.db'}")
+    # No tracking URI set: the demo's own default store, ./mlflow.db, on every stack (MLflow
+    # 2.13 alone would default to a file store in ./mlruns).
+    env = {k: v for k, v in os.environ.items() if k != "MLFLOW_TRACKING_URI"}
     proc = subprocess.run(
         [sys.executable, "-m", "hvdrunner", "demo", "--notebooks", str(ROOT / "notebooks"),
          "--epochs", "4", "--workdir", str(tmp_path / "demo"), "--framework", framework,
@@ -127,7 +129,9 @@ def test_the_three_notebooks_run_as_a_local_job(tmp_path, framework, feed):
         codecs = {pq.ParquetFile(p).metadata.row_group(0).column(0).compression
                   for p in (tmp_path / "demo" / "cache").rglob("*.parquet")}  # fmt: skip
         assert codecs == ({"UNCOMPRESSED"} if feed == "petastorm" else {"SNAPPY"}), codecs
-    mlflow.set_tracking_uri(env["MLFLOW_TRACKING_URI"])
+    assert (tmp_path / "mlflow.db").is_file()  # the runs, params and metrics live there
+    assert "mlflow ui --backend-store-uri sqlite:///mlflow.db" in proc.stdout
+    mlflow.set_tracking_uri(f"sqlite:///{tmp_path / 'mlflow.db'}")
     try:
         run = mlflow.get_run(values[f"train_{framework}"]["run_id"])
         assert run.info.status == "FINISHED"
