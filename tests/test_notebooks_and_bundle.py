@@ -123,6 +123,15 @@ def test_the_three_notebooks_run_as_a_local_job(tmp_path, framework, feed):
     accuracy = values["batch_inference"]["test_accuracy"]
     assert accuracy > 0.8  # 4 epochs on digits; the 10-epoch demo reaches ~0.96
     assert f"test accuracy: {accuracy:.3f}" in proc.stdout
+    # Progress and the result only: nothing a newcomer would read as an error. (Spark 4's
+    # launcher adds --add-modules=jdk.incubator.vector; the JVM's one line about it stays.)
+    said = proc.stdout + proc.stderr
+    noise = ["cudart_stub", "absl::InitializeLog", "cuInit", "alembic", "env_manager",
+             "WARN Utils", "NativeCodeLoader", "log4j", "━", "ETA:", "<stderr>",
+             "Setuptools is replacing distutils", "No training configuration"]  # fmt: skip
+    assert not [n for n in noise if n in said], [
+        line for line in said.splitlines() if any(n in line for n in noise)
+    ][:10]
     if feed is not None:  # which feed wrote the training files: the converter's uncompressed
         import pyarrow.parquet as pq
 

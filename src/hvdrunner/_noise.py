@@ -18,9 +18,18 @@ CPU_NOISE = (
 )  # fmt: skip
 
 
-#: MLflow's sqlite store narrating its schema migrations at INFO in every process that
-#: opens it (MLflow pins the alembic logger at INFO): never relayed, kept in the tail.
-CHATTER = ("INFO alembic.runtime.", "INFO mlflow.store.db.utils:")
+#: Library chatter no user needs: never relayed (kept in the tail). First MLflow's sqlite
+#: store narrating its schema migrations at INFO in every process that opens it (MLflow pins
+#: the alembic logger at INFO; MLflow 2.13 and 3.8 format them differently).
+CHATTER = (
+    "INFO alembic.runtime.", "INFO  [alembic.", "INFO mlflow.store.db.utils:",
+    # lts' setuptools (< 70, for petastorm) when something imports distutils: the warning
+    # and its source line
+    "Setuptools is replacing distutils",
+    # TensorFlow loading a Keras 2 model saved without its optimizer, as tracking saves it
+    # (the optimizer's graph would hold Horovod ops)
+    "No training configuration found in save file",
+)  # fmt: skip
 
 
 def is_cpu_noise(text: str) -> bool:

@@ -57,7 +57,15 @@ def _demo(args: argparse.Namespace) -> int:
     os.environ.setdefault("MLFLOW_TRACKING_URI", "sqlite:///mlflow.db")
     import mlflow
 
-    logging.getLogger("alembic").setLevel(logging.WARNING)
+    from hvdrunner import _console, _noise
+
+    # MLflow 2.13 (lts) ignores MLFLOW_LOGGING_LEVEL and narrates a new store's migrations
+    # through alembic's own handlers: open the store once here, quietly, then keep MLflow's
+    # INFO lines (experiment created, backend selected) out of the demo.
+    with _console.replayed_without((*_noise.CHATTER, "INFO  [", " INFO mlflow.")):
+        mlflow.MlflowClient().search_experiments()
+    for name in ("alembic", "mlflow"):
+        logging.getLogger(name).setLevel(logging.WARNING)
 
     from hvdrunner import notebook
 
