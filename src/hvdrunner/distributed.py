@@ -92,6 +92,18 @@ def rank0_first() -> Iterator[None]:
             barrier()
 
 
+def shutdown() -> None:
+    """Shut Horovod down in order, whichever framework initialised it (no-op if none did).
+
+    Example:
+        >>> shutdown()  # outside a job: nothing to do
+    """
+    for name in ("horovod.torch", "horovod.tensorflow"):
+        module = sys.modules.get(name)
+        if module is not None and module.is_initialized():
+            module.shutdown()
+
+
 def _initialized_horovod() -> Any:
     """The Horovod framework module this rank initialised; none is imported here, so a torch
     job needs no TensorFlow (and a Keras job no torch)."""

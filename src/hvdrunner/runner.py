@@ -176,6 +176,9 @@ class HorovodRunner:
             # train unsynchronized), and in tf_keras mode `import keras` means tf_keras.
             # The guard is a leaf that loads no framework: harmless in a torch rank.
             rank_setup=("hvdrunner._import_guard:install_import_guard",),
+            # Leave the gloo ring in order, so peers still working see no 'connection reset'.
+            rank_teardown=("hvdrunner.distributed:shutdown",),
+            library_dirs=("tensorflow", "keras", "tf_keras", "torch", "horovod"),
         )
         _log.info(f"launching {target.np} Horovod ranks on {target.where}")
         return self._supervise(target.launch(spec), service, track_env, secrets)

@@ -18,7 +18,7 @@ import psutil
 from hvdrunner import multihost
 from hvdrunner._launch import protocol
 from hvdrunner._launch.supervisor import NO_GPU_ENV, RankSupervisor
-from hvdrunner._launch.worker import RANK_SETUP_ENV
+from hvdrunner._launch.worker import LIBRARY_DIRS_ENV, RANK_SETUP_ENV, RANK_TEARDOWN_ENV
 from hvdrunner.distributed import cuda_visible_devices, host_gpus
 
 
@@ -40,6 +40,8 @@ class TaskSpec:
     quiet: tuple[str, ...] = ()
     quiet_without_gpu: tuple[str, ...] = ()
     rank_setup: tuple[str, ...] = ()
+    rank_teardown: tuple[str, ...] = ()  # after the user's function returned
+    library_dirs: tuple[str, ...] = ()  # where a stalled rank counts as inside a library
 
     def __repr__(self) -> str:  # the key never appears in logs or tracebacks
         return f"TaskSpec(driver={self.driver_addr}:{self.driver_port}, payload={len(self.payload)} bytes)"
@@ -102,8 +104,11 @@ def _rank_env(
         env["CUDA_VISIBLE_DEVICES"] = gpus
     if not gpus and not host_gpus():
         env[NO_GPU_ENV] = "1"  # no GPU for this rank: GPU-probing lines are not news
-    if spec.rank_setup:
-        env[RANK_SETUP_ENV] = ",".join(spec.rank_setup)
+    for name, values in ((RANK_SETUP_ENV, spec.rank_setup),
+                         (RANK_TEARDOWN_ENV, spec.rank_teardown),
+                         (LIBRARY_DIRS_ENV, spec.library_dirs)):  # fmt: skip
+        if values:
+            env[name] = ",".join(values)
     # Let the child import the driver's local modules when they exist here (local mode).
     extra = [p for p in spec.pythonpath if p and os.path.isdir(p)]
     if extra:

@@ -24,10 +24,9 @@ from hvdrunner._launch import protocol
 _OWN = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # src/hvdrunner
 #: A frame unchanged this long is reported (small: the driver applies stall_timeout).
 REPORT_AFTER_S = 5.0
-#: Where a framework's or Horovod's own code runs (a frame there is "inside the library").
-_LIBRARY_PATHS = tuple(
-    f"{os.sep}{name}{os.sep}" for name in ("tensorflow", "horovod", "keras", "tf_keras", "torch")
-)
+#: Where library code runs (a frame there is "inside the library"): folders named by the
+#: caller (TaskSpec.library_dirs), set by :func:`start`.
+_LIBRARY_PATHS: tuple[str, ...] = ()
 
 
 def describe(frame: Any) -> str:
@@ -48,8 +47,8 @@ def _is_library(frame: Any) -> bool:
 
 
 def in_library(frame: Any) -> bool:
-    """The main thread waits inside TensorFlow, Keras, PyTorch or Horovod (a C call: an op,
-    a step, a collective).
+    """The main thread waits inside library code (``library_dirs``: a framework's or
+    Horovod's, a C call: an op, a step, a collective).
 
     The innermost frame may be generated code (``<string>``: TF's op wrappers); the
     innermost frame that has a real file decides.
@@ -67,9 +66,14 @@ def where(frame: Any) -> str:
     return describe(frame)
 
 
-def start(send: Callable[[object], None], period_s: float = 1.0) -> threading.Thread:
+def start(
+    send: Callable[[object], None], library_dirs: tuple[str, ...] = (), period_s: float = 1.0
+) -> threading.Thread:
     """Start watching the calling (main) thread; reports through ``send(message)``
-    (:class:`~hvdrunner._launch.protocol.Stuck`, then ``Moving`` when it moves on)."""
+    (:class:`~hvdrunner._launch.protocol.Stuck`, then ``Moving`` when it moves on). A frame
+    in a folder named in ``library_dirs`` (e.g. ``horovod``) is inside a library."""
+    global _LIBRARY_PATHS
+    _LIBRARY_PATHS = tuple(f"{os.sep}{name}{os.sep}" for name in library_dirs)
     main_id = threading.get_ident()
 
     def watch() -> None:

@@ -24,6 +24,10 @@ from hvdrunner._launch.protocol import PipeWriter, error_report
 CONTROL_FD_ENV = "HVDRUNNER_CONTROL_FD"
 #: "module:function,..." the rank calls before the user's function (TaskSpec.rank_setup).
 RANK_SETUP_ENV = "HVDRUNNER_RANK_SETUP"
+#: "module:function,..." the rank calls after the user's function returned (rank_teardown).
+RANK_TEARDOWN_ENV = "HVDRUNNER_RANK_TEARDOWN"
+#: Folder names whose frames count as library code for the watchdog (TaskSpec.library_dirs).
+LIBRARY_DIRS_ENV = "HVDRUNNER_LIBRARY_DIRS"
 _PR_SET_PDEATHSIG = 1
 
 
@@ -46,14 +50,6 @@ def _control() -> PipeWriter:
     return PipeWriter(os.fdopen(fd, "wb", buffering=0))
 
 
-def _shutdown_horovod() -> None:
-    """Leave the gloo ring in order, so peers still working see no 'connection reset'."""
-    for name in ("horovod.tensorflow", "horovod.torch"):
-        module = sys.modules.get(name)
-        if module is not None and module.is_initialized():
-            module.shutdown()
-
-
 def _kill_descendants() -> None:
     """Processes this rank started (even in their own session) must not outlive the job:
     they would hold its output pipes open and keep running after it."""
@@ -70,7 +66,7 @@ def _kill_descendants() -> None:
             continue
 
 
-def _run_setup(names: str) -> None:
+def _run_hooks(names: str) -> None:
     """Call each ``module:function`` of ``names`` (comma-separated), in order."""
     for name in filter(None, names.split(",")):
         module, _, function = name.partition(":")
@@ -86,10 +82,12 @@ def main(payload_path: str) -> int:
     _logging.install_channel(lambda rank, text: control.send(protocol.Log(rank, text)))
     from hvdrunner._launch import watchdog
 
-    watchdog.start(control.send)
+    watchdog.start(
+        control.send, tuple(filter(None, os.environ.get(LIBRARY_DIRS_ENV, "").split(",")))
+    )
     rank = int(os.environ.get("HOROVOD_RANK", "0"))
     try:
-        _run_setup(os.environ.get(RANK_SETUP_ENV, ""))  # the caller's hooks, before user code
+        _run_hooks(os.environ.get(RANK_SETUP_ENV, ""))  # the caller's hooks, before user code
         with open(payload_path, "rb") as f:
             fn, kwargs = cloudpickle.load(f)
         value = fn(**kwargs)
@@ -99,7 +97,7 @@ def main(payload_path: str) -> int:
         traceback.print_exc()
         control.send(protocol.RankError(error_report(exc)))
         return 1
-    _shutdown_horovod()
+    _run_hooks(os.environ.get(RANK_TEARDOWN_ENV, ""))  # e.g. leave Horovod's ring in order
     sys.stdout.flush()
     sys.stderr.flush()
     if rank == 0:
