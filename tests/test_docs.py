@@ -7,6 +7,7 @@ from __future__ import annotations
 import re
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -98,3 +99,72 @@ def test_the_readme_is_a_front_door():
     assert len(text.splitlines()) <= 150, "README.md: reference belongs in docs/"
     linked = set(re.findall(r"\]\(docs/([\w-]+\.md)\)", text))
     assert linked == {p.name for p in DOCS} - {"index.md", "api.md"}, "every page linked once"
+
+
+def _tables(text: str) -> Iterator[tuple[int, list[str], list[list[str]], str]]:
+    """Each markdown table: (line, header cells, rows of cells, the text before it)."""
+    lines = text.split("\n")
+    i = 0
+    while i < len(lines):
+        if (
+            lines[i].startswith("|")
+            and i + 1 < len(lines)
+            and re.fullmatch(r"\|[-| ]+\|", lines[i + 1])
+        ):
+            end = i
+            while end < len(lines) and lines[end].startswith("|"):
+                end += 1
+            before = i - 1
+            while before > 0 and not lines[before].startswith(("|", "#")):
+                before -= 1
+            cells = [[c.strip() for c in row.strip("|").split("|")] for row in lines[i:end]]
+            yield i + 1, cells[0], cells[2:], "\n".join(lines[before + 1 : i])
+            i = end
+        else:
+            i += 1
+
+
+def _numbers(value: object) -> list[float]:
+    if isinstance(value, bool):
+        return []
+    if isinstance(value, (int, float)):
+        return [float(value)]
+    if isinstance(value, dict):
+        return [n for v in value.values() for n in _numbers(v)]
+    if isinstance(value, list):
+        return [n for v in value for n in _numbers(v)]
+    return []
+
+
+NUMBER = re.compile(r"(?<![\w.])(\d{1,3}(?:,\d{3})+|\d+\.\d+|\d+)(?![\w.])")
+
+
+def test_every_benchmark_figure_is_quoted_from_its_results_file():
+    # docs/benchmarks.md: each table names its benchmarks/results/*.json in the text before
+    # it, and every figure in it is one of that file's numbers (as rounded there, or as %
+    # or ms of it); columns computed from them are declared (<!-- derived columns: ... -->).
+    import json
+
+    results = ROOT / "benchmarks" / "results"
+    checked = 0
+    for line, header, rows, before in _tables((ROOT / "docs" / "benchmarks.md").read_text()):
+        names = re.findall(r"benchmarks/results/([\w<>.-]+\.json)", before)
+        files = {n.replace("<stack>", s) for n in names for s in ("lts", "modern", "torch")}
+        pool = [n for f in files if (results / f).is_file()
+                for n in _numbers(json.loads((results / f).read_text()))]  # fmt: skip
+        assert pool, f"docs/benchmarks.md:{line}: the table names no results file before it"
+        derived = re.search(r"<!-- derived columns: ([^;>]*)", before)
+        skip = {c.strip() for c in derived.group(1).split(",")} if derived else set()
+        for row in rows:
+            for head, cell in zip(header[1:], row[1:], strict=True):
+                if head in skip or "`" in cell:
+                    continue
+                for m in NUMBER.findall(cell):
+                    x, places = float(m.replace(",", "")), len(m.partition(".")[2])
+                    found = any(abs(round(v * k, places) - x) < 1e-9 for v in pool
+                                for k in (1, 100, 1000))  # fmt: skip
+                    assert found, (
+                        f"docs/benchmarks.md:{line}: {m} ({cell!r}) is in no {sorted(files)}"
+                    )
+                    checked += 1
+    assert checked > 150  # the scan saw the tables
