@@ -123,10 +123,10 @@ def test_the_three_notebooks_run_as_a_local_job(tmp_path, framework, feed):
     accuracy = values["batch_inference"]["test_accuracy"]
     assert accuracy > 0.8  # 4 epochs on digits; the 10-epoch demo reaches ~0.96
     assert f"test accuracy: {accuracy:.3f}" in proc.stdout
-    # Progress and the result only: nothing a newcomer would read as an error. (Spark 4's
-    # launcher adds --add-modules=jdk.incubator.vector; the JVM's one line about it stays.)
+    # Progress and the result only: nothing a newcomer would read as an error.
     said = proc.stdout + proc.stderr
     noise = ["cudart_stub", "absl::InitializeLog", "cuInit", "alembic", "env_manager",
+             "Using incubator modules",
              "WARN Utils", "NativeCodeLoader", "log4j", "━", "ETA:", "<stderr>",
              "Setuptools is replacing distutils", "No training configuration"]  # fmt: skip
     assert not [n for n in noise if n in said], [
