@@ -192,20 +192,19 @@ def test_job_state_one_handler_per_message():
 
 
 def test_tensorflow_cuda_probing_lines_are_noise_only_without_a_gpu():
-    from hvdrunner._noise import is_cpu_noise
+    from hvdrunner._noise import CHATTER, CPU_NOISE, noisy
 
-    assert is_cpu_noise(
-        "E0000 00:00:17 cuda_executor.cc:1228] failed call to cuInit: UNKNOWN ERROR (303)"
+    assert noisy(
+        "E0000 00:00:17 cuda_executor.cc:1228] failed call to cuInit: UNKNOWN ERROR (303)",
+        CPU_NOISE,
     )
-    assert is_cpu_noise("I0000 cudart_stub.cc:31] Could not find cuda drivers on your machine")
-    assert not is_cpu_noise("Epoch 1/10 - loss: 0.31")
-    assert not is_cpu_noise("ValueError: column 'x' has 3 null rows")
-    from hvdrunner._noise import is_chatter
-
-    assert is_chatter(
-        "2026/12/01 11:18:42 INFO alembic.runtime.migration: Context impl SQLiteImpl."
+    assert noisy("I0000 cudart_stub.cc:31] Could not find cuda drivers on your machine", CPU_NOISE)
+    assert not noisy("Epoch 1/10 - loss: 0.31", CPU_NOISE)
+    assert not noisy("ValueError: column 'x' has 3 null rows", CPU_NOISE)
+    assert noisy(
+        "2026/12/01 11:18:42 INFO alembic.runtime.migration: Context impl SQLiteImpl.", CHATTER
     )
-    assert not is_chatter("2026/12/01 11:18:42 WARNING mlflow.models: model signature mismatch")
+    assert not noisy("2026/12/01 11:18:42 WARNING mlflow.models: model signature mismatch", CHATTER)
 
 
 def test_hosts_with_different_horovod_builds_fail_the_job_before_any_rank_starts():

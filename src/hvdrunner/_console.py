@@ -16,6 +16,8 @@ import sys
 import tempfile
 from collections.abc import Iterator, Sequence
 
+from hvdrunner._noise import noisy
+
 #: A framework's progress bar line: Keras 3 ``━━━``, Keras 2 ``6/6 [===>..]``.
 PROGRESS = re.compile(r"━|\d+/\d+ \[[=>.]+\]")
 
@@ -45,7 +47,7 @@ def replayed_without(markers: Sequence[str], progress_bars: bool = False) -> Ite
             text = err.read().decode("utf-8", errors="replace") + "\n" + out.getvalue()
             shown = [
                 line for line in text.splitlines()
-                if line.strip() and not any(m in line for m in markers)
+                if line.strip() and not noisy(line, markers)
                 and not (progress_bars and PROGRESS.search(line))
             ]  # fmt: skip
             if shown:

@@ -5,6 +5,8 @@ no framework."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 #: What TensorFlow prints while probing CUDA and CPU features on a machine without a GPU.
 #: Shown to nobody there (still kept in the error tail); on a GPU node every line shows.
 CPU_NOISE = (
@@ -32,11 +34,11 @@ CHATTER = (
 )  # fmt: skip
 
 
-def is_cpu_noise(text: str) -> bool:
-    """A line of TensorFlow's CUDA/CPU probing (see :data:`CPU_NOISE`)."""
-    return any(marker in text for marker in CPU_NOISE)
+def noisy(text: str, markers: Sequence[str]) -> bool:
+    """``text`` holds one of ``markers`` (e.g. :data:`CPU_NOISE`, :data:`CHATTER`).
 
-
-def is_chatter(text: str) -> bool:
-    """A line of library chatter no user needs (see :data:`CHATTER`)."""
-    return any(marker in text for marker in CHATTER)
+    Example:
+        >>> noisy("I0000 cudart_stub.cc:31] Could not find cuda drivers", CPU_NOISE)
+        True
+    """
+    return any(marker in text for marker in markers)

@@ -98,19 +98,22 @@ def shutdown() -> None:
     Example:
         >>> shutdown()  # outside a job: nothing to do
     """
-    for name in ("horovod.torch", "horovod.tensorflow"):
-        module = sys.modules.get(name)
-        if module is not None and module.is_initialized():
-            module.shutdown()
+    for module in _initialized():
+        module.shutdown()
+
+
+def _initialized() -> list[Any]:
+    """The Horovod framework modules this rank initialised; none is imported here, so a torch
+    job needs no TensorFlow (and a Keras job no torch)."""
+    modules = (sys.modules.get(name) for name in ("horovod.torch", "horovod.tensorflow"))
+    return [m for m in modules if m is not None and m.is_initialized()]
 
 
 def _initialized_horovod() -> Any:
-    """The Horovod framework module this rank initialised; none is imported here, so a torch
-    job needs no TensorFlow (and a Keras job no torch)."""
-    for name in ("horovod.torch", "horovod.tensorflow"):
-        module = sys.modules.get(name)
-        if module is not None and module.is_initialized():
-            return module
+    """The first Horovod framework module this rank initialised, or the error naming the fix."""
+    found = _initialized()
+    if found:
+        return found[0]
     raise RuntimeError(
         "rank0_first() in a job of several ranks needs Horovod initialised first: call "
         "hvd.init() (horovod.torch, horovod.tensorflow or hvdrunner.hvd_keras) before it"

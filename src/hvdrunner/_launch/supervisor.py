@@ -23,6 +23,7 @@ import psutil
 from hvdrunner._launch import protocol
 from hvdrunner._launch.worker import CONTROL_FD_ENV
 from hvdrunner._logging import get_logger
+from hvdrunner._noise import noisy
 
 #: Lines of a rank's output kept for the error report.
 TAIL_LINES = 100
@@ -85,7 +86,7 @@ class RankSupervisor:
             text = raw.decode("utf-8", errors="replace").rstrip("\n")
             with self._tail_lock:
                 self._tail.append(f"<{name}>: {text}")
-            if any(marker in text for marker in self._quiet):
+            if noisy(text, self._quiet):
                 continue
             if self._forward:
                 try:

@@ -66,9 +66,14 @@ def _kill_descendants() -> None:
             continue
 
 
-def _run_hooks(names: str) -> None:
-    """Call each ``module:function`` of ``names`` (comma-separated), in order."""
-    for name in filter(None, names.split(",")):
+def _listed(env: str) -> tuple[str, ...]:
+    """The comma-separated list the launcher put in ``env`` (see task._rank_env)."""
+    return tuple(filter(None, os.environ.get(env, "").split(",")))
+
+
+def _run_hooks(env: str) -> None:
+    """Call each ``module:function`` listed in ``env``, in order."""
+    for name in _listed(env):
         module, _, function = name.partition(":")
         getattr(importlib.import_module(module), function)()
 
@@ -82,12 +87,10 @@ def main(payload_path: str) -> int:
     _logging.install_channel(lambda rank, text: control.send(protocol.Log(rank, text)))
     from hvdrunner._launch import watchdog
 
-    watchdog.start(
-        control.send, tuple(filter(None, os.environ.get(LIBRARY_DIRS_ENV, "").split(",")))
-    )
+    watchdog.start(control.send, _listed(LIBRARY_DIRS_ENV))
     rank = int(os.environ.get("HOROVOD_RANK", "0"))
     try:
-        _run_hooks(os.environ.get(RANK_SETUP_ENV, ""))  # the caller's hooks, before user code
+        _run_hooks(RANK_SETUP_ENV)  # the caller's hooks, before user code
         with open(payload_path, "rb") as f:
             fn, kwargs = cloudpickle.load(f)
         value = fn(**kwargs)
@@ -97,7 +100,7 @@ def main(payload_path: str) -> int:
         traceback.print_exc()
         control.send(protocol.RankError(error_report(exc)))
         return 1
-    _run_hooks(os.environ.get(RANK_TEARDOWN_ENV, ""))  # e.g. leave Horovod's ring in order
+    _run_hooks(RANK_TEARDOWN_ENV)  # e.g. leave Horovod's ring in order
     sys.stdout.flush()
     sys.stderr.flush()
     if rank == 0:

@@ -194,8 +194,6 @@ def make_spark_converter(
         raise ValueError(
             f"compression_codec={compression_codec!r}: pass None or one of {list(_CODECS)}"
         )
-    if dtype not in ("float32", "float64", None):
-        raise ValueError(f"dtype={dtype!r} is not supported: pass 'float32', 'float64' or None")
     data = prepare(
         df, features=list(df.columns), cache_dir=parent, dtype=dtype, compression=codec,
         row_group_bytes=parquet_row_group_size_bytes, shared=shared,
