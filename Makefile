@@ -6,6 +6,9 @@
 # STACK=lts:              Python 3.11, TF 2.15 / Keras 2, pyspark 3.5, petastorm (DBR 15.4 LTS ML).
 # STACK=torch:            Python 3.11, torch 2.13 (CPU), pyspark 4.1, no TensorFlow: the PyTorch
 #                         tests (marker `torch`) and `make demo FRAMEWORK=torch`.
+# STACK=gpu:              Python 3.11, torch 2.14 (CUDA 13.0) and horovod built with CUDA + NCCL
+#                         from registry packages (no GPU needed to build): the GPU wheel's
+#                         CPU paths (marker `stacks("gpu")`); on a GPU machine `make gpu-check`.
 # make demo FRAMEWORK=torch: the PyTorch chain (on STACK=torch unless STACK says otherwise).
 FRAMEWORK ?= keras
 ifeq ($(FRAMEWORK),torch)
@@ -18,14 +21,15 @@ STAMP  := $(VENV)/.hvdrunner-env-stamp
 # Anything that changes what gets installed re-runs the (idempotent) setup.
 ENV_INPUTS := scripts/setup_stack.sh scripts/install_horovod.sh \
               requirements/$(STACK)/framework.txt requirements/$(STACK)/stack.txt \
-              requirements/dev.txt $(wildcard patches/*.patch) pyproject.toml
+              requirements/dev.txt $(wildcard patches/*.patch) pyproject.toml \
+              $(if $(filter gpu,$(STACK)),requirements/torch/stack.txt)
 
 export STACK
 export PYSPARK_PYTHON := $(abspath $(PY))
 export PYSPARK_DRIVER_PYTHON := $(abspath $(PY))
 export TF_CPP_MIN_LOG_LEVEL ?= 2
 
-.PHONY: demo test test-all test-tf-keras docs env doctor lint bench clean-env
+.PHONY: demo test test-all test-tf-keras docs env doctor lint bench gpu-check clean-env
 
 demo: $(STAMP)        ## the main job: 2 Horovod ranks on local Spark, MLflow in ./mlflow.db
 	$(PY) -m hvdrunner demo --framework $(FRAMEWORK)
@@ -67,6 +71,9 @@ else
 	$(PY) benchmarks/knobs_accuracy.py
 	$(PY) benchmarks/multihost.py      # needs root: two hosts in network namespaces
 endif
+
+gpu-check:            ## on a GPU machine: NCCL wheel, ranks pinned to GPUs, NCCL allreduce, timed fits (< 10 min)
+	bash scripts/gpu_check.sh
 
 clean-env:
 	rm -rf $(VENV)

@@ -70,8 +70,10 @@ for name, want, module in (("TensorFlow", "HVDRUNNER_EXPECT_TF", "horovod.tensor
     have.append(name)
 if not gloo_built():
     sys.exit(f"horovod {horovod.__version__} was built without gloo")
-if os.environ.get("HVDRUNNER_EXPECT_NCCL") == "1" and not nccl_built():
-    sys.exit(f"horovod {horovod.__version__} was built without NCCL although a GPU build was asked for")
+if os.environ.get("HVDRUNNER_EXPECT_NCCL") == "1":
+    from horovod.common.util import cuda_built
+    if not (nccl_built() and cuda_built()):
+        sys.exit(f"horovod {horovod.__version__} was built without CUDA/NCCL although a GPU build was asked for")
 facts = " ".join(f"{n} [X]" for n in have) + " gloo [X]"
 if importlib.util.find_spec("horovod._hvdrunner_gloo_iface") is None:
     print(f"horovod {horovod.__version__}: {facts} gloo-iface patch [ ]")
@@ -120,6 +122,43 @@ find_nccl() {
   return 1
 }
 
+STAGE=""
+cleanup() { rm -rf "${STAGE:-}" "${tmp:-}"; }
+trap cleanup EXIT
+stage() {  # stage NAME: a build-time folder of links (removed on exit)
+  [ -n "$STAGE" ] || STAGE="$(mktemp -d)"
+  mkdir -p "$STAGE/$1" && echo "$STAGE/$1"
+}
+
+pip_cuda_home() {
+  # The registry's CUDA toolkit in $PY's environment (cuda-toolkit[nvcc]: nvidia/cuXX/bin/nvcc).
+  "$PY" - <<'PY' 2>/dev/null
+import glob, os, nvidia
+homes = [os.path.dirname(os.path.dirname(n)) for b in nvidia.__path__
+         for n in glob.glob(os.path.join(b, "cu*", "bin", "nvcc"))]
+print(max(homes, key=lambda h: int(os.path.basename(h)[2:] or 0)) if homes else "")
+PY
+}
+
+use_cuda_home() {
+  # A CUDA toolkit laid out as the registry's wheels are (lib/ only, no unversioned
+  # libcudart.so, no lib64/ where nvcc and CMake look) is staged as a /usr/local/cuda-like
+  # folder of links; a system toolkit is used as it is. Either way its bin/ goes first on PATH.
+  local home="$1" s f
+  if [ ! -e "$home/lib64" ] && [ -f "$home/lib/libcudart_static.a" ]; then
+    s="$(stage cuda)"
+    mkdir -p "$s/bin" "$s/lib64"
+    for f in "$home"/bin/*; do ln -s "$f" "$s/bin/"; done  # nvcc finds its libraries at bin/..
+    for f in "$home"/lib/*; do ln -s "$f" "$s/lib64/"; done
+    for f in "$home"/lib/libcudart.so.*; do ln -sf "$f" "$s/lib64/libcudart.so"; done
+    ln -s "$home/include" "$s/include"
+    [ ! -d "$home/nvvm" ] || ln -s "$home/nvvm" "$s/nvvm"
+    say "using the registry's CUDA toolkit $home (staged in $s)"
+    home="$s"
+  fi
+  export PATH="$home/bin:$PATH" CUDA_HOME="$home" HOROVOD_CUDA_HOME="$home"
+}
+
 gpu_fix="install the CUDA compiler and NCCL headers matching the node's CUDA (Databricks' Horovod page: apt-get install cuda-nvcc-<major>-<minor> libnccl-dev; or pip install nvidia-nccl-cu12 and set HOROVOD_NCCL_HOME), or choose a CPU-only build explicitly with HVDRUNNER_HOROVOD_GPU=none (allreduce then runs over gloo in host memory, much slower on GPUs)"
 case "$GPU_MODE" in
   none)
@@ -134,10 +173,21 @@ case "$GPU_MODE" in
   *) die "HVDRUNNER_HOROVOD_GPU must be none, nccl or auto (got '$GPU_MODE')" ;;
 esac
 if [ "$GPU_TAG" = "cuda" ]; then
-  command -v nvcc >/dev/null 2>&1 || die "a GPU (NCCL) build of horovod needs nvcc on PATH, which this node lacks: $gpu_fix."
+  if command -v nvcc >/dev/null 2>&1; then
+    use_cuda_home "$(cd "$(dirname "$(command -v nvcc)")/.." && pwd)"
+  elif [ -n "$(pip_cuda_home)" ]; then
+    use_cuda_home "$(pip_cuda_home)"
+  fi
+  command -v nvcc >/dev/null 2>&1 || die "a GPU (NCCL) build of horovod needs nvcc on PATH (or the registry's cuda-toolkit[nvcc] for CUDA >= 13), which this node lacks: $gpu_fix."
   read -r NCCL_INCLUDE NCCL_LIB < <(find_nccl) || die "a GPU (NCCL) build of horovod needs nccl.h and libnccl.so, found in none of HOROVOD_NCCL_HOME, /usr, /usr/local/cuda, the nvidia-nccl pip package: $gpu_fix."
+  if ! ls "$NCCL_LIB"/libnccl.so "$NCCL_LIB"/libnccl_static.a >/dev/null 2>&1; then
+    # The pip package ships only libnccl.so.2; horovod's FindNCCL.cmake wants libnccl.so.
+    so="$(ls "$NCCL_LIB"/libnccl.so.* | head -1)"
+    NCCL_LIB="$(stage nccl-lib)"
+    ln -s "$so" "$NCCL_LIB/libnccl.so"
+  fi
   export HOROVOD_NCCL_INCLUDE="$NCCL_INCLUDE" HOROVOD_NCCL_LIB="$NCCL_LIB" HVDRUNNER_EXPECT_NCCL=1
-  nccl_version="$(sed -n 's/^#define NCCL_\(MAJOR\|MINOR\) *\([0-9]*\).*/\2/p' "$NCCL_INCLUDE/nccl.h" | head -2 | paste -sd. -)"
+  nccl_version="$(sed -n 's/^#define NCCL_\(MAJOR\|MINOR\|PATCH\) *\([0-9]*\).*/\2/p' "$NCCL_INCLUDE/nccl.h" | head -3 | paste -sd. -)"
   GPU_TAG="cuda$(nvcc --version | sed -n 's/.*release \([0-9.]*\).*/\1/p')-nccl${nccl_version:-unknown}"
 fi
 PATCHES=("$IFACE_PATCH"); PATCH_TAG=""
@@ -184,8 +234,7 @@ else
   if [ -n "$TF_VERSION" ]; then export HOROVOD_WITH_TENSORFLOW=1; else export HOROVOD_WITHOUT_TENSORFLOW=1; fi
   if [ -n "$TORCH_VERSION" ]; then export HOROVOD_WITH_PYTORCH=1; else export HOROVOD_WITHOUT_PYTORCH=1; fi
   if [ "$GPU_MODE" = "nccl" ]; then export HOROVOD_GPU_OPERATIONS=NCCL; fi
-  tmp="$(mktemp -d)"
-  trap 'rm -rf "$tmp"' EXIT
+  tmp="$(mktemp -d)"  # removed by cleanup on exit
   say "downloading the horovod $HOROVOD_VERSION sdist"
   "${PIP[@]}" download -q --no-binary :all: --no-deps -d "$tmp" "horovod==$HOROVOD_VERSION"
   tar -xzf "$tmp"/horovod-"$HOROVOD_VERSION".tar.gz -C "$tmp"

@@ -6,6 +6,8 @@
 #   lts     Python 3.11, TF 2.15 (Keras 2), pyspark 3.5, pyarrow 14, petastorm (DBR 15.4 LTS ML)
 #   modern  Python 3.12, TF 2.21 (Keras 3) + tf_keras, pyspark 4.1, pyarrow < 23, no petastorm
 #   torch   Python 3.11, torch 2.13 (CPU), pyspark 4.1, pyarrow < 23, no TensorFlow
+#   gpu     Python 3.11, torch 2.14 (CUDA 13.0) + the registry's nvcc, horovod with CUDA + NCCL
+#           (built here with no GPU; the tests run its CPU paths), the torch stack's pins
 #
 # Order matters: 1. the framework (requirements/<stack>/framework.txt); 2. horovod from source
 # against it (scripts/install_horovod.sh); 3. Spark, Arrow, MLflow, dev tools and hvdrunner
@@ -19,7 +21,8 @@ case "$STACK" in
   lts) PYVER=3.11 ;;
   modern) PYVER=3.12 ;;
   torch) PYVER=3.11 ;;  # on 3.11 pip takes torch's CPU wheel from disk; elsewhere a CUDA build
-  *) printf 'ERROR: STACK must be lts, modern or torch (got %s)\n' "$STACK" >&2; exit 2 ;;
+  gpu) PYVER=3.11 ;;    # on 3.11 pip takes torch 2.14.1's CUDA wheel and its nvidia-* from disk
+  *) printf 'ERROR: STACK must be lts, modern, torch or gpu (got %s)\n' "$STACK" >&2; exit 2 ;;
 esac
 VENV="${VENV:-$ROOT/.venv-$STACK}"
 REQ="$ROOT/requirements/$STACK"
@@ -55,8 +58,10 @@ PIP=("$PY" -m pip --disable-pip-version-check)
 say "stage 1/3: the framework ($REQ/framework.txt)"
 "${PIP[@]}" install -q -r "$REQ/framework.txt"
 
-say "stage 2/3: horovod from source (the framework + gloo, no MPI)"
-PYTHON="$PY" HVDRUNNER_HOROVOD_GPU=none bash "$ROOT/scripts/install_horovod.sh"
+GPU=none
+[ "$STACK" != gpu ] || GPU=nccl
+say "stage 2/3: horovod from source (the framework + gloo, no MPI; GPU operations: $GPU)"
+PYTHON="$PY" HVDRUNNER_HOROVOD_GPU="$GPU" bash "$ROOT/scripts/install_horovod.sh"
 
 say "stage 3/3: Spark, Arrow, MLflow, dev tools, hvdrunner ($REQ/stack.txt)"
 "${PIP[@]}" install -q -r "$REQ/stack.txt" -c "$REQ/framework.txt"

@@ -37,6 +37,8 @@ def _installed(dist: str) -> bool:
 #:   modern: Keras 3); those also marked ``keras_mode`` (a code path that differs by Keras
 #:   mode: Horovod's Keras layer and the guard, model saving, checkpoint files, the
 #:   optimizer wrapper) again in tf_keras mode (`make test-tf-keras`);
+#: - ``stacks("torch", "gpu")`` on a ``torch`` test: also on the gpu stack, whose horovod is
+#:   the CUDA + NCCL build - its CPU paths must give what the CPU build gives;
 #: - ``stacks("lts", ...)``: the stacks named - a test about what differs between them
 #:   (Spark 3.5 vs 4.1, pyarrow 14 vs 22, MLflow 2.13 vs 3.8, the stack's own horovod
 #:   build), or one half of a module split between them (the two-host cluster's name modes);
@@ -45,7 +47,7 @@ def _installed(dist: str) -> bool:
 #: The stack is the Makefile's ``STACK``; without it (a bare ``pytest``) or with
 #: ``HVDRUNNER_TESTS=all`` (``make test-all``) every test the installed frameworks allow runs.
 HOME_STACK = "modern"
-STACKS = ("lts", "modern", "torch")
+STACKS = ("lts", "modern", "torch", "gpu")
 TF_STACKS = ("lts", "modern")
 
 

@@ -10,8 +10,8 @@ init scripts, install packages). Stdlib only: it runs before anything is install
         --out /Volumes/main/default/hvdrunner/wheels/18.0.x-gpu-ml-scala2.13
 
 Steps: check --src (the deployed bundle: scripts/install_horovod.sh and patches/) and --out;
-with --install-build-tools add what the build needs and lacks (cmake 3.x from PyPI; nvcc and
-NCCL headers from apt on GPU nodes); build or reuse the wheel through the one builder
+with --install-build-tools add what the build needs and lacks (cmake 3.x from PyPI; on GPU
+nodes nvcc and NCCL's headers, pinned to the node's CUDA and NCCL: gpu_toolchain.py); build or reuse the wheel through the one builder
 (``install_horovod.sh --wheel``, which installs and checks it here); copy it to --out under a
 temporary name and rename it into place (a reader never sees half a wheel; two builds of the
 same key write the same bytes), with ``<wheel>.json`` beside it saying what it was built
@@ -31,6 +31,11 @@ import shutil
 import subprocess
 import sys
 import tempfile
+
+# A sibling module: the bundle deploys this folder whole, and a spark_python_task runs the
+# file with its own folder first on sys.path, as `python build_horovod_wheel.py` does.
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import gpu_toolchain  # noqa: E402
 
 DATABRICKS_PYTHON = "/databricks/python/bin/python"
 
@@ -80,24 +85,10 @@ def _run(cmd: list[str], env: dict[str, str], what: str) -> str:
     return last
 
 
-def _has_gpu() -> bool:
-    if shutil.which("nvidia-smi") is None:
-        return False
-    return subprocess.run(["nvidia-smi", "-L"], capture_output=True).returncode == 0
-
-
-def _cuda_version() -> str | None:
-    """The node's CUDA toolkit version (major.minor), from the toolkit's version.json."""
-    try:
-        with open("/usr/local/cuda/version.json") as f:
-            version = json.load(f)["cuda"]["version"]
-    except (OSError, KeyError, ValueError):
-        return None
-    return ".".join(version.split(".")[:2])
-
-
-def _install_build_tools(python: str, env: dict[str, str], gpu: str) -> None:
-    """cmake 3.x (horovod 0.28.1's CMake files reject cmake 4), and on GPU nodes nvcc + NCCL."""
+def _install_build_tools(python: str, env: dict[str, str], gpu: str) -> dict[str, str]:
+    """cmake 3.x (horovod 0.28.1's CMake files reject cmake 4), and on GPU nodes nvcc + NCCL's
+    header (gpu_toolchain: Databricks' recipe, pinned to the node's CUDA and NCCL). Returns
+    the environment the build runs in."""
     cmake = shutil.which("cmake", path=env["PATH"])
     major = None
     if cmake:
@@ -106,15 +97,13 @@ def _install_build_tools(python: str, env: dict[str, str], gpu: str) -> None:
     if cmake is None or major != "3":
         _say("installing cmake 3.x from PyPI (horovod 0.28.1 needs cmake >= 3.18, < 4)")
         _run([python, "-m", "pip", "install", "-q", "cmake>=3.18,<4"], env, "pip install cmake<4")
-    if gpu == "none" or not _has_gpu() or shutil.which("nvcc", path=env["PATH"]):
-        return
-    cuda = _cuda_version()
-    if cuda is None or shutil.which("apt-get") is None:
-        return  # the builder then names what is missing
-    pkg = f"cuda-nvcc-{cuda.replace('.', '-')}"
-    _say(f"GPU node without nvcc: apt-get install {pkg} libnccl-dev (Databricks' Horovod page)")
-    _run(["apt-get", "update", "-q"], env, "apt-get update")
-    _run(["apt-get", "install", "-y", "-q", pkg, "libnccl-dev"], env, f"apt-get install {pkg}")
+    node = gpu_toolchain.Node(env.get("HVDRUNNER_NODE_ROOT", "/"), env)
+    if gpu == "none" or not gpu_toolchain.has_gpu(node):
+        return env
+    try:
+        return gpu_toolchain.ensure(node, python, _say)
+    except gpu_toolchain.ToolchainError as exc:
+        raise BuildError(str(exc)) from exc
 
 
 def _published(out: str, key: str) -> str | None:
@@ -181,7 +170,7 @@ def build(args: argparse.Namespace) -> str:
     # The interpreter's own bin first: a cmake installed from PyPI lands there.
     env["PATH"] = f"{os.path.dirname(python)}{os.pathsep}{env.get('PATH', '')}"
     if args.install_build_tools:
-        _install_build_tools(python, env, args.gpu)
+        env = _install_build_tools(python, env, args.gpu)
     key = _run(["bash", builder, "--print-key"], env, "the horovod builder (--print-key)")
     if not args.rebuild and (wheel := _published(args.out, key)):
         _say(f"{wheel} is already built for {key}: kept (--rebuild to build again)")
