@@ -35,6 +35,8 @@ demo: $(STAMP)        ## the main job: 2 Horovod ranks on local Spark, MLflow in
 	$(PY) -m hvdrunner demo --framework $(FRAMEWORK)
 
 test: $(STAMP)        ## the tests that $(STACK) adds information to (tests/conftest.py); CI runs every stack
+	@# The gpu stack's wheel is compared with the torch stack's CPU wheel (tests/test_gpu_wheel.py).
+	@[ "$(STACK)" != gpu ] || $(MAKE) --no-print-directory env STACK=torch
 	$(PY) -m pytest $(PYTEST_ARGS)
 
 test-all: $(STAMP)    ## every test $(STACK)'s frameworks can run, framework-independent ones too

@@ -31,6 +31,7 @@
 #   patches/horovod-0.28.1-gloo-process-set-iface.patch  always (multi-host gloo)
 #   patches/horovod-0.28.1-no-xla-mpi-ops.patch           TensorFlow >= 2.16
 #   patches/horovod-0.28.1-torch-cxx17.patch              torch >= 2.1
+#   patches/horovod-0.28.1-torch-cxx20.patch              torch >= 2.14 (after the one above)
 # The wheel cache key carries a digest of the patches applied. The result is checked with
 # horovod's own build facts (each extension imports, gloo_built(), the patches' markers);
 # anything missing fails loudly and the cached wheel is dropped.
@@ -45,6 +46,7 @@ GPU_MODE="${HVDRUNNER_HOROVOD_GPU:-none}"
 XLA_PATCH="$ROOT/patches/horovod-$HOROVOD_VERSION-no-xla-mpi-ops.patch"
 IFACE_PATCH="$ROOT/patches/horovod-$HOROVOD_VERSION-gloo-process-set-iface.patch"
 TORCH_PATCH="$ROOT/patches/horovod-$HOROVOD_VERSION-torch-cxx17.patch"
+TORCH20_PATCH="$ROOT/patches/horovod-$HOROVOD_VERSION-torch-cxx20.patch"
 PIP=("$PY" -m pip --disable-pip-version-check)
 
 say() { printf '==> [horovod %s] %s\n' "$(date +%H:%M:%S)" "$*"; }
@@ -82,7 +84,7 @@ print(f"horovod {horovod.__version__}: {facts} gloo-iface patch [X]")
 PY
 }
 
-read -r TF_VERSION TORCH_VERSION PYV NEEDS_XLA_PATCH NEEDS_TORCH_PATCH < <("$PY" - <<'PY' 2>/dev/null
+read -r TF_VERSION TORCH_VERSION PYV NEEDS_XLA_PATCH NEEDS_TORCH_PATCH NEEDS_TORCH20_PATCH < <("$PY" - <<'PY' 2>/dev/null
 import importlib.metadata as m, sys
 def version(name):
     try:
@@ -93,7 +95,7 @@ def at_least(v, floor):
     return bool(v) and tuple(int(x) for x in v.split("+")[0].split(".")[:2]) >= floor
 tf, torch = version("tensorflow"), version("torch")
 print(tf or "-", torch or "-", f"{sys.version_info[0]}{sys.version_info[1]}",
-      int(at_least(tf, (2, 16))), int(at_least(torch, (2, 1))))
+      int(at_least(tf, (2, 16))), int(at_least(torch, (2, 1))), int(at_least(torch, (2, 14))))
 PY
 ) || true
 [ "${TF_VERSION:--}" = "-" ] && TF_VERSION=""
@@ -193,6 +195,7 @@ fi
 PATCHES=("$IFACE_PATCH"); PATCH_TAG=""
 if [ "$NEEDS_XLA_PATCH" = "1" ]; then PATCHES+=("$XLA_PATCH"); PATCH_TAG="-noxla"; fi
 if [ "$NEEDS_TORCH_PATCH" = "1" ]; then PATCHES+=("$TORCH_PATCH"); PATCH_TAG="$PATCH_TAG-torchcxx17"; fi
+if [ "$NEEDS_TORCH20_PATCH" = "1" ]; then PATCHES+=("$TORCH20_PATCH"); PATCH_TAG="$PATCH_TAG-torchcxx20"; fi
 for p in "${PATCHES[@]}"; do [ -f "$p" ] || die "the horovod patch $p is missing"; done
 # The patches' own bytes are in the key: an edited patch is a different binary.
 PATCH_SUM="$(cat "${PATCHES[@]}" | sha256sum | cut -c1-10)"

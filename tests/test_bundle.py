@@ -5,10 +5,12 @@ build job writes and the training job installs, and the artifact build."""
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import re
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -21,10 +23,17 @@ VALIDATOR = ROOT.parent / "shared" / "tools" / "validate_bundle.py"
 TARGETS = ("dev", "lts", "prod")
 USER = "first.last@example.com"
 WHEEL = re.compile(r"horovod-0\.28\.1-(cp3\d+)-\1-linux_x86_64\.whl")
+#: What a user passes (BUNDLE_VAR_catalog / --var): catalog and schema have no default.
+VALUES = {"catalog": "ml", "schema": "team_a"}
+CHECK = ROOT / "scripts" / "databricks" / "check_wheel.py"
+_spec = importlib.util.spec_from_file_location("check_wheel", CHECK)
+assert _spec and _spec.loader
+check_wheel = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(check_wheel)
 
 
 def _resolved(name: str) -> dict:
-    return bundle.target(ROOT, name, USER)
+    return bundle.target(ROOT, name, USER, VALUES)
 
 
 def _strings(value):
@@ -72,7 +81,7 @@ def test_every_target_resolves_and_passes_the_clis_mode_rules(name):
 def test_the_helper_catches_the_doubled_workspace_prefix_and_the_prod_root_rule():
     # What the bundle had before: /Workspace${workspace.file_path} is not rewritten by the
     # CLI (its rewrite needs the slash), so the path doubles; /Workspace/${...} is rewritten.
-    config = bundle.select(bundle.load(ROOT), "dev", USER)
+    config = bundle.select(bundle.load(ROOT), "dev", USER, VALUES)
     config["resources"]["x"] = [
         "/Workspace${workspace.file_path}",
         "/Workspace/${workspace.file_path}",
@@ -82,18 +91,93 @@ def test_the_helper_catches_the_doubled_workspace_prefix_and_the_prod_root_rule(
     assert rewritten == f"/Workspace/Users/{USER}/.bundle/hvdrunner/dev/files"
     raw = bundle.load(ROOT)
     del raw["targets"]["prod"]["workspace"]
-    prod = bundle.resolve(bundle.select(raw, "prod", USER))
+    prod = bundle.resolve(bundle.select(raw, "prod", USER, VALUES))
     assert bundle.mode_diagnostics(prod)[0][0] == "error"
     assert bundle.mode_diagnostics(prod, service_principal=True)[0][0] == "recommendation"
 
 
-def test_the_default_target_is_the_newest_lts_ml_gpu_runtime():
+def test_the_default_target_is_the_newest_lts_ml_gpu_runtime_and_its_python_tag_is_derived():
     raw = bundle.load(ROOT)
     assert [n for n, t in raw["targets"].items() if t.get("default")] == ["dev"]
     dev, lts = _resolved("dev"), _resolved("lts")
-    assert dev["variables"]["spark_version"]["default"].startswith("18.")
-    assert "-gpu-ml-" in dev["variables"]["spark_version"]["default"]
+    # The 18 LTS line's key (18.0.x was the Beta's, supported until 2026-06-09).
+    assert dev["variables"]["spark_version"]["default"] == "18.x-gpu-ml-scala2.13"
     assert lts["variables"]["spark_version"]["default"] == "15.4.x-gpu-ml-scala2.12"
+    for name in TARGETS:
+        variables = _resolved(name)["variables"]
+        line = check_wheel.runtime_line(variables["spark_version"]["default"])
+        assert variables["python_tag"]["default"] == check_wheel.RUNTIME_PYTHON[line], name
+    with pytest.raises(ValueError, match="is not a runtime key"):
+        check_wheel.runtime_line("18.0-gpu-ml")
+
+
+@pytest.mark.parametrize("name", TARGETS)
+def test_catalog_and_schema_are_required_and_every_volume_path_derives_from_them(name):
+    with pytest.raises(bundle.RequiredVariable, match="required variable catalog"):
+        bundle.target(ROOT, name, USER)  # what `bundle validate` says without them
+    config = _resolved(name)
+    variables = {k: v["default"] for k, v in config["variables"].items()}
+    volume = "/Volumes/ml/team_a/hvdrunner"
+    assert variables["storage_root"].startswith(volume)
+    assert variables["wheel_dir"] == variables["storage_root"] + "/wheels"
+    paths = [t for t in _strings(config["resources"]) if "/Volumes/" in t]
+    assert paths and all(volume in p for p in paths), paths
+    text = "".join(p.read_text() for p in [ROOT / "databricks.yml", *(ROOT / "resources").glob("*.yml")])
+    assert "main/default" not in text and "main.default" not in text
+
+
+def test_training_jobs_check_the_wheel_first_naming_the_build_job_or_keep_the_runtimes(tmp_path):
+    for name in TARGETS:
+        config = _resolved(name)
+        for job in ("hvdrunner_train", "hvdrunner_train_torch"):
+            tasks = {t["task_key"]: t for t in _job(config, job)["tasks"]}
+            if name == "lts":  # 15.4 LTS ML's own horovod: nothing to check
+                assert "check_horovod_wheel" not in tasks
+                continue
+            check = tasks["check_horovod_wheel"]
+            assert "libraries" not in check  # runs before any library install
+            assert tasks["prepare_data"]["depends_on"] == [{"task_key": "check_horovod_wheel"}]
+            params = check["spark_python_task"]["parameters"]
+            train = tasks["train_keras" if job == "hvdrunner_train" else "train_torch"]
+            horovod = [lib["whl"] for lib in train["libraries"] if "horovod" in lib.get("whl", "")]
+            assert horovod == [params[params.index("--wheel") + 1]]
+            build_job = params[params.index("--build-job") + 1]
+            assert build_job == f"databricks bundle run -t {name} hvdrunner_build_horovod"
+    # The check itself, run as the task runs it: seconds, naming the fix.
+    tag = f"cp{sys.version_info[0]}{sys.version_info[1]}"
+    wheel = tmp_path / f"horovod-0.28.1-{tag}-{tag}-linux_x86_64.whl"
+    start = time.monotonic()
+    missing = subprocess.run([sys.executable, str(CHECK), "--wheel", str(wheel), "--build-job", "BUILD"],
+                             capture_output=True, text=True, timeout=30)  # fmt: skip
+    assert time.monotonic() - start < 10
+    assert missing.returncode == 1 and f"no horovod wheel at {wheel}" in missing.stderr
+    assert "`BUILD`" in missing.stderr
+    other = tmp_path / "horovod-0.28.1-cp39-cp39-linux_x86_64.whl"
+    wrong = subprocess.run([sys.executable, str(CHECK), "--wheel", str(other), "--build-job", "BUILD"],
+                           capture_output=True, text=True, timeout=30)  # fmt: skip
+    assert wrong.returncode == 1 and f"--var python_tag={tag}" in wrong.stderr
+    wheel.write_bytes(b"wheel")
+    ready = subprocess.run([sys.executable, str(CHECK), "--wheel", str(wheel), "--build-job", "BUILD"],
+                           capture_output=True, text=True, timeout=30)  # fmt: skip
+    assert ready.returncode == 0 and "horovod wheel ready" in ready.stdout
+    assert check_wheel.problems(str(wheel), "B", tag, "18.0") == []  # no record: not judged
+    Path(f"{wheel}.json").write_text('{"runtime": "17.3"}')
+    (stale,) = check_wheel.problems(str(wheel), "B", tag, "18.0")
+    assert "built on runtime 17.3, this cluster runs 18.0" in stale
+
+
+def test_the_keras_job_and_the_wheel_build_get_tensorflow_where_the_runtime_lacks_it():
+    for name in TARGETS:
+        config = _resolved(name)
+        tf = config["variables"]["tensorflow_pip"]["default"]
+        keras = _task(_job(config, "hvdrunner_train"), "train_keras")["libraries"]
+        build = _task(_job(config, "hvdrunner_build_horovod"), "build_horovod").get("libraries", [])
+        torch = _task(_job(config, "hvdrunner_train_torch"), "train_torch")["libraries"]
+        expected = [] if name == "lts" else [{"pypi": {"package": tf}}]  # 15.4 ships TF 2.16
+        assert [lib for lib in keras if "pypi" in lib] == expected
+        assert build == expected  # horovod is compiled against the TF the Keras job runs
+        assert not [lib for lib in torch if "pypi" in lib]
+    assert tf.startswith("tensorflow[and-cuda]==")
 
 
 @pytest.mark.parametrize("name", TARGETS)
@@ -114,7 +198,7 @@ def test_the_training_job_installs_the_wheel_the_build_job_writes(name):
         cluster = train["job_clusters"][0]["new_cluster"]
         assert "init_scripts" not in cluster  # nothing installs at cluster start any more
         assert cluster["single_user_name"] == variables["cluster_user"] == USER
-        libs = [lib["whl"] for lib in _task(train, task_key)["libraries"]]
+        libs = [lib["whl"] for lib in _task(train, task_key)["libraries"] if "whl" in lib]
         horovod = [lib for lib in libs if "horovod" in lib]
         if name == "lts":
             # 15.4 LTS ML ships horovod 0.28.1; pip skips a wheel of the same version, so
@@ -126,7 +210,8 @@ def test_the_training_job_installs_the_wheel_the_build_job_writes(name):
             match = WHEEL.fullmatch(os.path.basename(wheel))
             assert match and match.group(1) == variables["python_tag"]
         for task in train["tasks"]:
-            assert {"whl": "../dist/hvdrunner-*.whl"} in task["libraries"]
+            if task["task_key"] != "check_horovod_wheel":  # that one runs before any install
+                assert {"whl": "../dist/hvdrunner-*.whl"} in task["libraries"]
 
 
 def test_production_identity_and_node_types_are_variables():

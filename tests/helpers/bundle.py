@@ -68,8 +68,15 @@ def short_name(user: str) -> str:
     return re.sub(r"[^a-z0-9]", "_", user.split("@")[0].lower())
 
 
-def select(config: dict[str, Any], target: str | None, user: str) -> dict[str, Any]:
-    """The config of one target (the default one if None) before references are resolved."""
+class RequiredVariable(KeyError):
+    """A variable with no default and no value: ``bundle validate`` stops on it."""
+
+
+def select(
+    config: dict[str, Any], target: str | None, user: str, values: dict[str, str] | None = None
+) -> dict[str, Any]:
+    """The config of one target (the default one if None) before references are resolved;
+    ``values`` are ``--var name=value`` (they win over the target's and the defaults)."""
     targets = config.get("targets", {})
     if target is None:
         target = next(name for name, t in targets.items() if t.get("default"))
@@ -81,6 +88,8 @@ def select(config: dict[str, Any], target: str | None, user: str) -> dict[str, A
     for name, value in chosen.get("variables", {}).items():
         default = value.get("default") if isinstance(value, dict) else value
         out["variables"][name]["default"] = default
+    for name, value in (values or {}).items():
+        out["variables"][name]["default"] = value
     out["bundle"] = dict(out["bundle"], target=target, mode=chosen.get("mode", ""))
     out["_explicit_root"] = bool(chosen.get("workspace", {}).get("root_path"))
     workspace = out.setdefault("workspace", {})
@@ -113,7 +122,10 @@ def _rewrite_prefix(value: Any) -> Any:
 
 def _lookup(config: dict[str, Any], ref: str) -> Any:
     if ref.startswith("var."):
-        return config["variables"][ref[4:]].get("default")
+        value = config["variables"][ref[4:]].get("default")
+        if value is None:  # the CLI: "no value assigned to required variable"
+            raise RequiredVariable(f"no value assigned to required variable {ref[4:]}")
+        return value
     node: Any = config
     for part in ref.split("."):
         node = node[part]
@@ -147,9 +159,12 @@ def resolve(config: dict[str, Any]) -> dict[str, Any]:
     return walk(config)
 
 
-def target(root: Path, name: str | None, user: str = "someone@example.com") -> dict[str, Any]:
+def target(
+    root: Path, name: str | None, user: str = "someone@example.com",
+    values: dict[str, str] | None = None,
+) -> dict[str, Any]:  # fmt: skip
     """``load`` + ``select`` + ``resolve``: the bundle as deployed to target ``name``."""
-    return resolve(select(load(root), name, user))
+    return resolve(select(load(root), name, user, values))
 
 
 def mode_diagnostics(

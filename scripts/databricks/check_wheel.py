@@ -1,0 +1,80 @@
+"""First task of each training job: is the horovod wheel its tasks install there, and built for
+this runtime? Fails in seconds, naming the job that builds it, instead of a library install
+that fails on a missing Volume file with no hint (or a wheel for another Python that pip
+refuses). Stdlib only: it runs before any library is installed.
+
+    python check_wheel.py --wheel /Volumes/c/s/hvdrunner/wheels/18.x-gpu-ml-scala2.13/horovod-0.28.1-cp312-cp312-linux_x86_64.whl \\
+        --build-job "databricks bundle run -t dev hvdrunner_build_horovod"
+
+The bundle names the wheel from ``python_tag`` and ``spark_version``; :data:`RUNTIME_PYTHON`
+says which tag each runtime's Python has (tests/test_bundle.py holds every target's defaults
+to it), and this check holds the tag to the interpreter that really runs here.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import sys
+
+#: Databricks Runtime (ML) line -> its CPython tag (the runtimes' release notes, "System
+#: environment"). A line not here is checked against the running interpreter alone.
+RUNTIME_PYTHON = {"15.4": "cp311", "16.4": "cp312", "17.3": "cp312", "18": "cp312"}
+WHEEL = re.compile(r"horovod-(?P<version>[^-]+)-(?P<tag>cp\d+)-(?P=tag)-linux_(?P<arch>\w+)\.whl")
+
+
+def runtime_line(spark_version: str) -> str:
+    """``18.x-gpu-ml-scala2.13`` -> ``18``; ``15.4.x-gpu-ml-scala2.12`` -> ``15.4``."""
+    match = re.match(r"(\d+(?:\.\d+)?)\.x-", spark_version)
+    if not match:
+        raise ValueError(f"{spark_version!r} is not a runtime key like 18.x-gpu-ml-scala2.13")
+    return match.group(1)
+
+
+def problems(wheel: str, build_job: str, tag: str, runtime: str | None) -> list[str]:
+    """What is wrong with ``wheel`` for an interpreter of ``tag`` on ``runtime``; [] if fine."""
+    match = WHEEL.fullmatch(os.path.basename(wheel))
+    if match is None:
+        return [f"{wheel!r} is not a horovod wheel name (horovod-<version>-cpXY-cpXY-linux_<arch>.whl)"]
+    if match.group("tag") != tag:
+        return [
+            f"the wheel is for {match.group('tag')} but this runtime's Python is {tag}: deploy with "
+            f"--var python_tag={tag} (and build it: {build_job})"
+        ]
+    if not os.path.isfile(wheel):
+        return [
+            f"no horovod wheel at {wheel}: build it once for this runtime with `{build_job}`, "
+            "then run this job again"
+        ]
+    try:
+        with open(wheel + ".json") as f:
+            built_on = json.load(f).get("runtime")
+    except (OSError, ValueError):
+        built_on = None
+    if runtime and built_on and built_on not in (runtime, "not Databricks"):
+        return [
+            f"{wheel} was built on runtime {built_on}, this cluster runs {runtime}: rebuild with "
+            f"`{build_job} --params=--rebuild` or point spark_version at {built_on}"
+        ]
+    return []
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point: exit 0 when the wheel is there and fits; 1 naming what to do otherwise."""
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--wheel", required=True, help="the wheel the training tasks install")
+    parser.add_argument("--build-job", required=True, help="the command that builds it")
+    args = parser.parse_args(argv)
+    tag = f"cp{sys.version_info[0]}{sys.version_info[1]}"
+    found = problems(args.wheel, args.build_job, tag, os.environ.get("DATABRICKS_RUNTIME_VERSION"))
+    for problem in found:
+        print(f"ERROR: {problem}", file=sys.stderr, flush=True)
+    if not found:
+        print(f"horovod wheel ready for {tag}: {args.wheel}", flush=True)
+    return 1 if found else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
