@@ -135,7 +135,9 @@ def main() -> int:
 
     ranks = _ranks(args.device)
     out: dict[str, Any] = {"device": args.device, "ranks": ranks}
-    allreduce = HorovodRunner(np=-ranks).run(allreduce_job, device=args.device, mib=args.mib, iters=10)
+    allreduce = HorovodRunner(np=-ranks).run(
+        allreduce_job, device=args.device, mib=args.mib, iters=10
+    )
     out["allreduce"] = allreduce
     print(json.dumps(allreduce, indent=1), flush=True)
     if not all(r["correct"] for r in allreduce["ranks"]):

@@ -155,7 +155,7 @@ use_cuda_home() {
     for f in "$home"/lib/libcudart.so.*; do ln -sf "$f" "$s/lib64/libcudart.so"; done
     ln -s "$home/include" "$s/include"
     [ ! -d "$home/nvvm" ] || ln -s "$home/nvvm" "$s/nvvm"
-    say "using the registry's CUDA toolkit $home (staged in $s)"
+    say "using the registry's CUDA toolkit $home (staged in $s)" >&2
     home="$s"
   fi
   export PATH="$home/bin:$PATH" CUDA_HOME="$home" HOROVOD_CUDA_HOME="$home"
@@ -174,11 +174,22 @@ case "$GPU_MODE" in
     if has_gpu; then GPU_MODE=nccl; GPU_TAG="cuda"; else GPU_MODE=none; GPU_TAG="cpu"; fi ;;
   *) die "HVDRUNNER_HOROVOD_GPU must be none, nccl or auto (got '$GPU_MODE')" ;;
 esac
+nvcc_home() {
+  # The toolkit folder of the nvcc on PATH, also through a wrapper script: nvcc's own TOP.
+  local top
+  top="$(nvcc --dryrun -x cu -c /dev/null -o /dev/null 2>&1 | sed -n 's/^#\$ TOP=//p' | head -1)"
+  if [ -n "$top" ] && [ -d "$top" ]; then (cd "$top" && pwd); else (cd "$(dirname "$(command -v nvcc)")/.." && pwd); fi
+}
+
 if [ "$GPU_TAG" = "cuda" ]; then
-  if command -v nvcc >/dev/null 2>&1; then
-    use_cuda_home "$(cd "$(dirname "$(command -v nvcc)")/.." && pwd)"
+  # The registry's toolkit installed beside the framework (the gpu stack: the CUDA torch was
+  # built for) wins over another nvcc on PATH; HOROVOD_CUDA_HOME wins over both.
+  if [ -n "${HOROVOD_CUDA_HOME:-}" ]; then
+    use_cuda_home "$HOROVOD_CUDA_HOME"
   elif [ -n "$(pip_cuda_home)" ]; then
     use_cuda_home "$(pip_cuda_home)"
+  elif command -v nvcc >/dev/null 2>&1; then
+    use_cuda_home "$(nvcc_home)"
   fi
   command -v nvcc >/dev/null 2>&1 || die "a GPU (NCCL) build of horovod needs nvcc on PATH (or the registry's cuda-toolkit[nvcc] for CUDA >= 13), which this node lacks: $gpu_fix."
   read -r NCCL_INCLUDE NCCL_LIB < <(find_nccl) || die "a GPU (NCCL) build of horovod needs nccl.h and libnccl.so, found in none of HOROVOD_NCCL_HOME, /usr, /usr/local/cuda, the nvidia-nccl pip package: $gpu_fix."

@@ -122,7 +122,9 @@ def test_catalog_and_schema_are_required_and_every_volume_path_derives_from_them
     assert variables["wheel_dir"] == variables["storage_root"] + "/wheels"
     paths = [t for t in _strings(config["resources"]) if "/Volumes/" in t]
     assert paths and all(volume in p for p in paths), paths
-    text = "".join(p.read_text() for p in [ROOT / "databricks.yml", *(ROOT / "resources").glob("*.yml")])
+    text = "".join(
+        p.read_text() for p in [ROOT / "databricks.yml", *(ROOT / "resources").glob("*.yml")]
+    )
     assert "main/default" not in text and "main.default" not in text
 
 

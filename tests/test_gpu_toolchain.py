@@ -128,7 +128,9 @@ def test_nvcc_on_path_does_not_skip_the_nccl_check_and_libnccl_dev_is_pinned(tmp
     fake.ensure()
     installs = [c for c in fake.calls() if c.startswith("apt-get install")]
     # The runtime's libnccl2 2.21.5 stays: the header of the same build, no cuda-nvcc.
-    assert installs == ["apt-get install -y -q --allow-change-held-packages libnccl-dev=2.21.5-1+cuda12.4"]
+    assert installs == [
+        "apt-get install -y -q --allow-change-held-packages libnccl-dev=2.21.5-1+cuda12.4"
+    ]
     assert not [c for c in fake.calls() if c.startswith("curl")]  # the repository was there
 
 
@@ -137,8 +139,14 @@ def test_a_node_without_nvidias_repository_gets_it_for_its_ubuntu_then_pinned_pa
     env = fake.ensure()
     calls = fake.calls()
     fetch = next(c for c in calls if c.startswith("curl"))
-    assert fetch.endswith(f"https://{toolchain.REPO_HOST}/ubuntu2204/x86_64/cuda-keyring_1.1-1_all.deb")
-    order = [c.split()[0] + " " + c.split()[1] for c in calls if c.split()[0] in ("curl", "dpkg", "apt-get")]
+    assert fetch.endswith(
+        f"https://{toolchain.REPO_HOST}/ubuntu2204/x86_64/cuda-keyring_1.1-1_all.deb"
+    )
+    order = [
+        c.split()[0] + " " + c.split()[1]
+        for c in calls
+        if c.split()[0] in ("curl", "dpkg", "apt-get")
+    ]
     assert order == ["curl -fsSL", "dpkg -i", "apt-get update", "apt-get install"]
     assert calls[-1].endswith("cuda-nvcc-12-4 libnccl-dev=2.21.5-1+cuda12.4")
     # cuda-nvcc-12-4 puts nvcc in /usr/local/cuda-12.4/bin, which is not on PATH: now it is.
@@ -171,7 +179,9 @@ def test_apt_failing_on_cuda_13_falls_back_to_the_registrys_compiler(tmp_path):
     fake = FakeNode(tmp_path, cuda="13.0", libnccl2="2.28.3-1+cuda13.0", apt_ok=False, repo=True)
     env = fake.ensure()
     pip = [c for c in fake.calls() if c.startswith("python -m pip")]
-    assert pip == ["python -m pip install -q cuda-toolkit[nvcc,cccl]==13.0.* nvidia-nccl-cu13==2.28.3"]
+    assert pip == [
+        "python -m pip install -q cuda-toolkit[nvcc,cccl]==13.0.* nvidia-nccl-cu13==2.28.3"
+    ]
     assert env["PATH"].split(os.pathsep)[0] == str(fake.root / "pip/nvidia/cu13/bin")
 
 
@@ -188,7 +198,9 @@ def test_apt_failing_on_cuda_12_fails_naming_both_causes_and_the_cpu_choice(tmp_
 def test_a_node_that_is_not_ubuntu_is_told_what_to_do(tmp_path):
     fake = FakeNode(tmp_path, os_release='ID=rhel\nVERSION_ID="9"\nPRETTY_NAME="RHEL 9"\n',
                     pip_ok=False)  # fmt: skip
-    with pytest.raises(toolchain.ToolchainError, match="added for Ubuntu nodes; this one is RHEL 9"):
+    with pytest.raises(
+        toolchain.ToolchainError, match="added for Ubuntu nodes; this one is RHEL 9"
+    ):
         fake.ensure()
 
 

@@ -47,7 +47,9 @@ def test_the_gpu_wheel_is_a_cuda_nccl_build_keyed_by_both_versions(tmp_path):
 def test_the_gpu_wheels_cpu_paths_give_what_the_cpu_wheel_gives(tmp_path):
     """The same job under both builds: allreduce, the unchanged recipe and fit, 2 ranks."""
     if not CPU_WHEEL_PYTHON.exists():
-        pytest.fail(f"{CPU_WHEEL_PYTHON} is missing: `make test STACK=gpu` sets up the torch stack first")
+        pytest.fail(
+            f"{CPU_WHEEL_PYTHON} is missing: `make test STACK=gpu` sets up the torch stack first"
+        )
     results = {}
     for name, python in (("gpu", sys.executable), ("cpu", str(CPU_WHEEL_PYTHON))):
         proc = subprocess.run(

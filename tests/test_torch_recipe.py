@@ -190,27 +190,37 @@ def test_the_docs_pieces_example_runs_as_written(spark, tmp_path):
     assert set(logs) == {"loss"} and 0 < logs["loss"] < 0.7  # ln 2 = 0.69 at the start
 
 
-def rank0_first_job(path: str) -> list[str]:
-    """rank0_first under horovod.torch: rank 0's block ends before rank 1's starts."""
+def neutral_helpers_job(path: str) -> dict:
+    """Every framework-neutral helper of hvdrunner (its top level and hvdrunner.distributed)
+    under horovod.torch: rank facts, rank-0-only work, rank 0 first, logging to the driver,
+    shutdown - and which TensorFlow modules that imported."""
     import sys
     import time
 
     import horovod.torch as hvd
 
-    from hvdrunner import rank0_first
+    from hvdrunner import distributed, is_rank0, log_to_driver, on_rank0, rank0_first
 
     hvd.init()
+    facts = (distributed.rank(), distributed.size(), distributed.local_rank(), is_rank0())
+    assert facts == (hvd.rank(), hvd.size(), hvd.local_rank(), hvd.rank() == 0), facts
     with rank0_first():
         if hvd.rank() == 0:
             time.sleep(1.0)  # rank 1 would get in first if it did not wait
         with open(path, "a") as f:
             f.write(f"{hvd.rank()}\n")
-    return sorted(m for m in ("tensorflow", "horovod.tensorflow") if m in sys.modules)
+    only_rank0 = on_rank0(lambda: hvd.rank())()
+    log_to_driver(f"rank {hvd.rank()} used every helper")
+    distributed.shutdown()
+    return {"only_rank0": only_rank0, "initialized_after": hvd.is_initialized(),
+            "tf": sorted(m for m in ("tensorflow", "horovod.tensorflow") if m in sys.modules)}  # fmt: skip
 
 
+@pytest.mark.stacks("torch", "gpu")
 @pytest.mark.timeout(120)
-def test_rank0_first_runs_rank0_first_without_tensorflow(spark, tmp_path):
+def test_every_framework_neutral_helper_works_in_a_torch_job_without_tensorflow(spark, tmp_path):
     order = tmp_path / "order"
-    imported = HorovodRunner(np=2).run(rank0_first_job, path=str(order))
-    assert order.read_text().split() == ["0", "1"]
-    assert imported == []  # a torch job on a runtime without TensorFlow works
+    out = HorovodRunner(np=2).run(neutral_helpers_job, path=str(order))
+    assert order.read_text().split() == ["0", "1"]  # rank0_first
+    assert out["only_rank0"] == 0 and out["initialized_after"] is False  # on_rank0, shutdown
+    assert out["tf"] == []  # a torch job on a runtime without TensorFlow works

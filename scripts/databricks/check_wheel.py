@@ -37,7 +37,9 @@ def problems(wheel: str, build_job: str, tag: str, runtime: str | None) -> list[
     """What is wrong with ``wheel`` for an interpreter of ``tag`` on ``runtime``; [] if fine."""
     match = WHEEL.fullmatch(os.path.basename(wheel))
     if match is None:
-        return [f"{wheel!r} is not a horovod wheel name (horovod-<version>-cpXY-cpXY-linux_<arch>.whl)"]
+        return [
+            f"{wheel!r} is not a horovod wheel name (horovod-<version>-cpXY-cpXY-linux_<arch>.whl)"
+        ]
     if match.group("tag") != tag:
         return [
             f"the wheel is for {match.group('tag')} but this runtime's Python is {tag}: deploy with "

@@ -129,19 +129,26 @@ def ubuntu_repo(node: Node) -> str:
                 key, _, value = line.strip().partition("=")
                 fields[key] = value.strip('"')
     except OSError as exc:
-        raise ToolchainError(f"cannot read /etc/os-release to pick NVIDIA's apt repository: {exc}") from exc
+        raise ToolchainError(
+            f"cannot read /etc/os-release to pick NVIDIA's apt repository: {exc}"
+        ) from exc
     if fields.get("ID") != "ubuntu" or not fields.get("VERSION_ID"):
         raise ToolchainError(
             f"NVIDIA's CUDA apt repository is added for Ubuntu nodes; this one is {fields.get('PRETTY_NAME', 'unknown')}: "
             "install nvcc and NCCL's headers yourself (or pass --gpu none for a CPU-only build)"
         )
-    arch = {"x86_64": "x86_64", "aarch64": "sbsa"}.get(node.env.get("HVDRUNNER_NODE_ARCH", platform.machine()), "x86_64")
+    arch = {"x86_64": "x86_64", "aarch64": "sbsa"}.get(
+        node.env.get("HVDRUNNER_NODE_ARCH", platform.machine()), "x86_64"
+    )
     return f"ubuntu{fields['VERSION_ID'].replace('.', '')}/{arch}"
 
 
 def has_cuda_repo(node: Node) -> bool:
     """True when an apt source already points at NVIDIA's CUDA repository."""
-    sources = [node.path("/etc/apt/sources.list"), *glob.glob(node.path("/etc/apt/sources.list.d/*"))]
+    sources = [
+        node.path("/etc/apt/sources.list"),
+        *glob.glob(node.path("/etc/apt/sources.list.d/*")),
+    ]
     for source in sources:
         try:
             with open(source, errors="replace") as f:
@@ -176,7 +183,9 @@ def nccl_dev_package(node: Node, cuda: str) -> list[str]:
     builds = [line.split("|")[1].strip() for line in madison.splitlines() if "|" in line]
     matching = [v for v in builds if v.endswith(f"+cuda{cuda}")]
     if not matching:
-        raise ToolchainError(f"NVIDIA's apt repository has no libnccl-dev built for CUDA {cuda} (apt-cache madison libnccl-dev)")
+        raise ToolchainError(
+            f"NVIDIA's apt repository has no libnccl-dev built for CUDA {cuda} (apt-cache madison libnccl-dev)"
+        )
     return [f"libnccl2={matching[0]}", f"libnccl-dev={matching[0]}"]
 
 
@@ -194,13 +203,17 @@ def apt_install(node: Node, cuda: str, need_nvcc: bool, need_nccl: bool, say: Sa
              f"apt-get install {' '.join(packages)}")  # fmt: skip
 
 
-def pip_install(node: Node, python: str, cuda: str, need_nvcc: bool, need_nccl: bool, say: Say) -> None:
+def pip_install(
+    node: Node, python: str, cuda: str, need_nvcc: bool, need_nccl: bool, say: Say
+) -> None:
     """The registry's CUDA pieces: nvcc exists there for CUDA >= 13 only."""
     major = int(cuda.split(".")[0])
     packages = []
     if need_nvcc:
         if major < 13:
-            raise ToolchainError(f"PyPI has no nvcc for CUDA {cuda} (nvidia-cuda-nvcc-cu12 ships only ptxas)")
+            raise ToolchainError(
+                f"PyPI has no nvcc for CUDA {cuda} (nvidia-cuda-nvcc-cu12 ships only ptxas)"
+            )
         packages.append(f"cuda-toolkit[nvcc,cccl]=={cuda}.*")
     if need_nccl:
         version = (installed_nccl(node) or "").split("-")[0]
@@ -225,7 +238,9 @@ def ensure(node: Node, python: str, say: Say) -> dict[str, str]:
     (PATH with nvcc's folder first). Raises ToolchainError naming what is missing."""
     cuda = cuda_version(node)
     if cuda is None:
-        raise ToolchainError("cannot tell this GPU node's CUDA version (no /usr/local/cuda/version.json or /usr/local/cuda-X.Y)")
+        raise ToolchainError(
+            "cannot tell this GPU node's CUDA version (no /usr/local/cuda/version.json or /usr/local/cuda-X.Y)"
+        )
     nvcc, header = find_nvcc(node, cuda), find_nccl_header(node, cuda)
     if nvcc is None or header is None:
         missing = " and ".join(n for n, p in (("nvcc", nvcc), ("nccl.h", header)) if p is None)
@@ -243,7 +258,9 @@ def ensure(node: Node, python: str, say: Say) -> dict[str, str]:
                 ) from pip_error
         nvcc = find_nvcc(node, cuda) or pip_nvcc(python, cuda)
         if nvcc is None:
-            raise ToolchainError(f"nvcc for CUDA {cuda} is still missing after the install (see above)")
+            raise ToolchainError(
+                f"nvcc for CUDA {cuda} is still missing after the install (see above)"
+            )
     if os.path.dirname(nvcc) not in node.env["PATH"].split(os.pathsep):
         say(f"putting {os.path.dirname(nvcc)} on PATH (the CUDA packages install nvcc off PATH)")
         node = node.with_path_first(os.path.dirname(nvcc))
