@@ -28,7 +28,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-ROWS, FEATURES, CLASSES, BATCH = 32768, 784, 10, 256
+FEATURES, CLASSES, BATCH = 784, 10, 256
 
 
 def _ranks(device: str) -> int:
@@ -47,7 +47,9 @@ def allreduce_job(device: str, mib: int, iters: int) -> dict[str, Any]:
 
     import hvdrunner.torch as ht
 
-    dev = ht.init() if device == "cuda" else torch.device("cpu")
+    dev = ht.init()  # hvd.init(), this rank's GPU (hvdrunner's pinning), seeds, threads
+    if device == "cpu":
+        dev = torch.device("cpu")
     n, size = mib * 2**20 // 4, hvd.size()
     x = torch.full((n,), float(hvd.rank() + 1), device=dev)
     total = hvd.allreduce(x, op=hvd.Sum, name="check")
@@ -72,16 +74,16 @@ def allreduce_job(device: str, mib: int, iters: int) -> dict[str, Any]:
     }  # fmt: skip
 
 
-def _data(spark: Any, cache: str) -> Any:
+def _data(spark: Any, cache: str, rows: int) -> Any:
     import numpy as np
     import pandas as pd
 
     from hvdrunner.data import prepare
 
     rng = np.random.default_rng(0)
-    x = rng.normal(size=(ROWS, FEATURES)).astype("float32")
+    x = rng.normal(size=(rows, FEATURES)).astype("float32")
     y = (x[:, :CLASSES].argmax(axis=1)).astype("int64")
-    frame = spark.createDataFrame(pd.DataFrame({"x": list(x), "y": y}))
+    frame = spark.createDataFrame(pd.DataFrame({"x": x.tolist(), "y": y}))
     return prepare(frame, features="x", label="y", cache_dir=cache)
 
 
@@ -127,6 +129,7 @@ def main() -> int:
     parser.add_argument("--device", choices=("cuda", "cpu"), default="cuda")
     parser.add_argument("--epochs", type=int, default=4)
     parser.add_argument("--mib", type=int, default=64)
+    parser.add_argument("--rows", type=int, default=16384, help="synthetic rows for the fits")
     parser.add_argument("--keras-python", help="a TensorFlow stack's python for the Keras fit")
     parser.add_argument("--out", help="results JSON (default: print only)")
     args = parser.parse_args()
@@ -144,12 +147,13 @@ def main() -> int:
         print("ERROR: allreduce gave a wrong sum", file=sys.stderr)
         return 1
     spark = local_session(f"local[{max(2, ranks)}]", app_name="hvdrunner-gpu-check")
-    data = _data(spark, str(Path(".hvdrunner") / "gpu-check-cache"))
+    data = _data(spark, str(Path(".hvdrunner") / "gpu-check-cache"), args.rows)
     out["torch_fit"] = HorovodRunner(np=-ranks).run(torch_fit_job, data=data, epochs=args.epochs)
     print(json.dumps(out["torch_fit"]), flush=True)
     if args.keras_python:  # its own interpreter: the gpu stack has no TensorFlow
         proc = subprocess.run([args.keras_python, str(Path(__file__).parent / "gpu_check_keras.py"),
-                               "--ranks", str(ranks), "--epochs", str(args.epochs)],
+                               "--ranks", str(ranks), "--epochs", str(args.epochs),
+                               "--rows", str(args.rows)],
                               capture_output=True, text=True, timeout=420)  # fmt: skip
         out["keras_fit"] = (json.loads(proc.stdout.splitlines()[-1]) if proc.returncode == 0
                             else {"error": proc.stderr[-2000:]})  # fmt: skip

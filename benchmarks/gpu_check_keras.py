@@ -47,12 +47,13 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--ranks", type=int, default=1)
     parser.add_argument("--epochs", type=int, default=4)
+    parser.add_argument("--rows", type=int, default=16384)
     args = parser.parse_args()
     from hvdrunner import HorovodRunner
     from hvdrunner.spark import local_session
 
     spark = local_session(f"local[{max(2, args.ranks)}]", app_name="hvdrunner-gpu-check-keras")
-    data = _data(spark, str(Path(".hvdrunner") / "gpu-check-cache"))
+    data = _data(spark, str(Path(".hvdrunner") / "gpu-check-cache"), args.rows)
     out = HorovodRunner(np=-args.ranks).run(keras_fit_job, data=data, epochs=args.epochs)
     spark.stop()
     print(json.dumps(out))

@@ -73,9 +73,13 @@ for name, want, module in (("TensorFlow", "HVDRUNNER_EXPECT_TF", "horovod.tensor
 if not gloo_built():
     sys.exit(f"horovod {horovod.__version__} was built without gloo")
 if os.environ.get("HVDRUNNER_EXPECT_NCCL") == "1":
-    from horovod.common.util import cuda_built
-    if not (nccl_built() and cuda_built()):
-        sys.exit(f"horovod {horovod.__version__} was built without CUDA/NCCL although a GPU build was asked for")
+    # Each framework extension's own build facts (horovod.common.util has no cuda_built).
+    for name in have:
+        ext = __import__({"TensorFlow": "horovod.tensorflow", "PyTorch": "horovod.torch"}[name],
+                         fromlist=["cuda_built"])
+        if not (ext.cuda_built() and ext.nccl_built()):
+            sys.exit(f"horovod {horovod.__version__}'s {name} extension was built without CUDA/NCCL although a GPU build was asked for")
+    have.append("CUDA + NCCL")
 facts = " ".join(f"{n} [X]" for n in have) + " gloo [X]"
 if importlib.util.find_spec("horovod._hvdrunner_gloo_iface") is None:
     print(f"horovod {horovod.__version__}: {facts} gloo-iface patch [ ]")
