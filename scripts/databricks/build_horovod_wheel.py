@@ -7,7 +7,7 @@ volume, in seconds, with no PyPI and no compiler (Databricks' own advice: librar
 init scripts, install packages). Stdlib only: it runs before anything is installed.
 
     python build_horovod_wheel.py --src /Workspace/Users/me/.bundle/hvdrunner/dev/files \\
-        --out /Volumes/main/default/hvdrunner/wheels/18.0.x-gpu-ml-scala2.13
+        --out /Volumes/<catalog>/<schema>/hvdrunner/wheels/18.x-gpu-ml-scala2.13
 
 Steps: check --src (the deployed bundle: scripts/install_horovod.sh and patches/) and --out;
 with --install-build-tools add what the build needs and lacks (cmake 3.x from PyPI; on GPU
