@@ -190,14 +190,14 @@ if [ "$GPU_TAG" = "cuda" ]; then
   # built for) wins over another nvcc on PATH; HOROVOD_CUDA_HOME wins over both.
   if [ -n "${HOROVOD_CUDA_HOME:-}" ]; then
     use_cuda_home "$HOROVOD_CUDA_HOME"
-  elif [ -n "$(pip_cuda_home)" ]; then
-    use_cuda_home "$(pip_cuda_home)"
+  elif pip_home="$(pip_cuda_home)" && [ -n "$pip_home" ]; then
+    use_cuda_home "$pip_home"
   elif command -v nvcc >/dev/null 2>&1; then
     use_cuda_home "$(nvcc_home)"
   fi
   command -v nvcc >/dev/null 2>&1 || die "a GPU (NCCL) build of horovod needs nvcc on PATH (or the registry's cuda-toolkit[nvcc] for CUDA >= 13), which this node lacks: $gpu_fix."
   read -r NCCL_INCLUDE NCCL_LIB < <(find_nccl) || die "a GPU (NCCL) build of horovod needs nccl.h and libnccl.so, found in none of HOROVOD_NCCL_HOME, /usr, /usr/local/cuda, the nvidia-nccl pip package: $gpu_fix."
-  if ! ls "$NCCL_LIB"/libnccl.so "$NCCL_LIB"/libnccl_static.a >/dev/null 2>&1; then
+  if [ ! -e "$NCCL_LIB/libnccl.so" ] && [ ! -e "$NCCL_LIB/libnccl_static.a" ]; then
     # The pip package ships only libnccl.so.2; horovod's FindNCCL.cmake wants libnccl.so.
     so="$(ls "$NCCL_LIB"/libnccl.so.* | head -1)"
     NCCL_LIB="$(stage nccl-lib)"
