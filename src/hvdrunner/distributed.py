@@ -34,6 +34,24 @@ def local_rank() -> int:
     return int(os.environ.get("HOROVOD_LOCAL_RANK", "0"))
 
 
+#: Set by the driver in every rank's environment: which attempt of the job this is (1-based).
+ATTEMPT_ENV = "HVDRUNNER_ATTEMPT"
+
+
+def attempt() -> int:
+    """Which attempt of the job this rank belongs to: 1, then 2, 3... after each automatic
+    restart (``HorovodRunner(max_restarts=N)``); 1 outside a job.
+
+    Resume logic reads the newest checkpoint whatever the attempt; use this to say so in a
+    log line, or to inject a fault only once in a test.
+
+    Example:
+        >>> attempt()  # outside a job
+        1
+    """
+    return int(os.environ.get(ATTEMPT_ENV, "1"))
+
+
 def is_rank0() -> bool:
     """True on the rank that owns side effects (logging, checkpoints, MLflow).
 

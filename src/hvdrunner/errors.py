@@ -23,6 +23,14 @@ class HorovodRunnerError(RuntimeError):
         remote_message: the remote exception's message.
         remote_traceback: the remote traceback, as text.
         output_tail: the last lines of that rank's stdout/stderr.
+        cause: what kind of failure it was, for the restart policy
+            (:mod:`hvdrunner._launch.restarts`): ``"lost"`` (a host or task vanished),
+            ``"died"`` (a rank killed by a signal or exiting non-zero without an exception),
+            ``"raised"``, ``"early"`` (a rank returned while others ran collectives),
+            ``"backend"`` (the Spark job failed), ``"stall"``, ``"timeout"``, ``"start"``,
+            ``"builds"``, ``"result"``; ``None`` when not known.
+        attempts: with ``HorovodRunner(max_restarts=N)``, one line per attempt that ran
+            (its cause, and why it was or was not restarted); empty otherwise.
     """
 
     def __init__(
@@ -34,14 +42,20 @@ class HorovodRunnerError(RuntimeError):
         remote_message: str | None = None,
         remote_traceback: str | None = None,
         output_tail: Sequence[str] = (),
+        cause: str | None = None,
+        attempts: Sequence[str] = (),
     ) -> None:
         self.summary = summary
+        self.cause = cause
+        self.attempts = list(attempts)
         self.rank = rank
         self.exc_type = exc_type
         self.remote_message = remote_message
         self.remote_traceback = remote_traceback
         self.output_tail = list(output_tail)
         parts = [summary]
+        if self.attempts:
+            parts.append("--- every attempt ---\n" + "\n".join(self.attempts))
         if remote_traceback:
             parts.append(f"\n--- remote traceback (rank {rank}) ---\n{remote_traceback.rstrip()}")
         if self.output_tail:

@@ -13,8 +13,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from hvdrunner import _noise, tracking
+from hvdrunner._launch import restarts
 from hvdrunner._logging import get_logger
 from hvdrunner._secrets import secrets_in
+from hvdrunner.distributed import ATTEMPT_ENV
 from hvdrunner.errors import HorovodRunnerError
 
 _log = get_logger()
@@ -89,6 +91,22 @@ class HorovodRunner:
             the job then fails naming the host and its ranks, and a task that hears nothing
             from the driver that long stops its rank. A host that dies outright closes
             its connections and is named at once. Default 30.
+        max_restarts: how many times a failed job is started again, from the start of the
+            function with the same arguments, before its error is raised (default 0: never).
+            A restart follows a lost host or task, a rank killed by a signal, a failed Spark
+            job, or - once - an exception in the function; never a failure a restart cannot
+            fix (out of sync, corrupt data or checkpoint, out of memory, stall, timeout).
+            Before each restart the job waits up to ``start_timeout`` for ``np`` task slots.
+            ``hvdrunner.keras.fit`` and ``hvdrunner.torch.fit`` with a ``checkpoint_dir``
+            resume from the newest intact checkpoint into the same MLflow run; your own
+            function reads :func:`hvdrunner.distributed.attempt` and its own checkpoint.
+            Each restart is a warning naming its cause, and a tag/metric
+            ``hvdrunner.restarts`` of the run; the final error lists every attempt.
+        min_np: with ``max_restarts``, the fewest ranks a restart may run with when the
+            cluster has fewer than ``np`` free task slots (default ``None``: always ``np``,
+            waiting for replacements). With fewer ranks each rank reads a larger shard
+            (every row once per epoch), the global batch is ``batch_size`` times the ranks
+            and fit's learning rate is scaled to the ranks there are.
 
     Example:
         >>> def train(lr):
@@ -109,6 +127,8 @@ class HorovodRunner:
         exit_grace: float = 60.0,
         timeout: float | None = None,
         host_timeout: float = 30.0,
+        max_restarts: int = 0,
+        min_np: int | None = None,
     ) -> None:
         if isinstance(np, bool) or not isinstance(np, int):
             raise ValueError(
@@ -128,6 +148,8 @@ class HorovodRunner:
         # None: no bound on the whole job.
         self.timeout = None if timeout is None else _seconds("timeout", timeout)
         self.host_timeout = _seconds("host_timeout", host_timeout)
+        self.max_restarts = _count("max_restarts", max_restarts)
+        self.min_np = _check_min_np(min_np, np, self.max_restarts)
 
     def run(self, main: Callable[..., Any], **kwargs: Any) -> Any:
         """Run ``main(**kwargs)`` on every rank; return rank 0's return value.
@@ -137,13 +159,10 @@ class HorovodRunner:
                 task slots than ``np``.
             RuntimeError: no active SparkSession for ``np >= 0``, or dynamic allocation.
             HorovodRunnerError: a rank raised or died, stalled a collective, the ranks did
-                not start in time, or the job exceeded ``timeout``.
+                not start in time, or the job exceeded ``timeout`` (with ``max_restarts``:
+                in the last attempt, every attempt's cause listed).
         """
-        from horovod.runner.common.util import secret
-
-        from hvdrunner._launch.driver import DriverService
         from hvdrunner._launch.pickling import dumps_payload
-        from hvdrunner._launch.task import TaskSpec
 
         if not callable(main):
             raise ValueError(
@@ -155,11 +174,54 @@ class HorovodRunner:
         payload = dumps_payload(main, kwargs)  # before any process or Spark job starts
         track_env = tracking.driver_context()
         secrets = secrets_in(track_env)
-        target = self._target()
+        started = time.monotonic()
+        try:
+            return self._attempts(payload, track_env, secrets)
+        except BaseException as err:
+            # A tracking failure while recording the error is a warning (chained), never a
+            # replacement, and the run is never left RUNNING or active.
+            if track_env:
+                tracking.mark_failed(_summary(err), secrets)
+            raise
+        finally:
+            _log.debug(f"run() returned after {time.monotonic() - started:.1f}s")
+
+    def _attempts(self, payload: bytes, track_env: dict[str, str], secrets: list[str]) -> Any:
+        """The job, started again after each restartable failure (``max_restarts``)."""
+        failed: list[restarts.Attempt] = []
+        while True:
+            number = len(failed) + 1
+            target = self._target(restarting=bool(failed))
+            try:
+                result = self._attempt(target, payload, track_env, secrets, number)
+            except HorovodRunnerError as err:
+                if not self.max_restarts:
+                    raise
+                failed.append(restarts.judge(err, failed, self.max_restarts, number, target.np))
+                if not failed[-1].restart:
+                    raise restarts.final_error(err, failed) from err
+                _log.warning(f"restarting the job (restart {number} of at most "
+                             f"{self.max_restarts}): {failed[-1].line()}")  # fmt: skip
+                tracking.note_restart(track_env, number, failed[-1].line(), secrets)
+                continue
+            if failed:
+                _log.info(f"the job finished on attempt {number}, after {len(failed)} restart(s)")
+            return result
+
+    def _attempt(
+        self, target: _Target, payload: bytes, track_env: dict[str, str], secrets: list[str],
+        number: int,
+    ) -> Any:  # fmt: skip
+        """One launch of the job: its own key, driver service, rendezvous and Spark job."""
+        from horovod.runner.common.util import secret
+
+        from hvdrunner._launch.driver import DriverService
+        from hvdrunner._launch.task import TaskSpec
+
         key = secret.make_secret_key()
         service = DriverService(
             target.np, key, rendezvous_addr=target.addr, bind=target.bind,
-            extra_env=track_env, secrets=secrets,
+            extra_env={**track_env, ATTEMPT_ENV: str(number)}, secrets=secrets,
         )  # fmt: skip
         spec = TaskSpec(
             driver_addr=target.addr,
@@ -180,11 +242,13 @@ class HorovodRunner:
             rank_teardown=("hvdrunner.distributed:shutdown",),
             library_dirs=("tensorflow", "keras", "tf_keras", "torch", "horovod"),
         )
-        _log.info(f"launching {target.np} Horovod ranks on {target.where}")
-        return self._supervise(target.launch(spec), service, track_env, secrets)
+        _log.info(f"launching {target.np} Horovod ranks on {target.where}"
+                  + (f" (attempt {number})" if number > 1 else ""))  # fmt: skip
+        return self._supervise(target.launch(spec), service)
 
-    def _target(self) -> _Target:
-        """Where the ranks run: driver processes (np<0) or Spark barrier tasks, checked."""
+    def _target(self, restarting: bool = False) -> _Target:
+        """Where the ranks run: driver processes (np<0) or Spark barrier tasks, checked; on a
+        restart, once the cluster has the slots again (``min_np``: at least those)."""
         if self.num_processor < 0:
             from hvdrunner._launch.local_backend import LocalLaunch
 
@@ -198,17 +262,21 @@ class HorovodRunner:
         if np == 0:  # sparkdl: all task slots
             np = spark_backend.task_slots(sc)[0]
             _log.info(f"np=0: using all {np} task slots of the cluster")
-        spark_backend.preflight(sc, np, wait_s=self.start_timeout)
+        if restarting:
+            try:
+                np = spark_backend.slots_for_restart(sc, np, self.min_np, self.start_timeout)
+            except ValueError as exc:
+                raise restarts.slots_failure(str(exc)) from exc
+        else:
+            spark_backend.preflight(sc, np, wait_s=self.start_timeout)
         return _Target(
             np, spark_backend.driver_address(sc), "0.0.0.0", f"Spark barrier tasks ({sc.master})",
             str(sc.master).startswith("local"), lambda spec: spark_backend.SparkLaunch(sc, np, spec),
         )  # fmt: skip
 
-    def _supervise(
-        self, launch: Any, service: Any, track_env: dict[str, str], secrets: list[str]
-    ) -> Any:
-        """Start the ranks and wait for the verdict; on any failure no rank outlives run()
-        and the MLflow run ends FAILED (the job's error is what the caller gets)."""
+    def _supervise(self, launch: Any, service: Any) -> Any:
+        """Start the ranks and wait for the verdict; on any failure no rank outlives this
+        attempt (the job's error is what the caller gets)."""
         started = time.monotonic()
         ok = False
         try:
@@ -220,12 +288,6 @@ class HorovodRunner:
                     stall_timeout=self.stall_timeout, host_timeout=self.host_timeout,
                 )  # fmt: skip
             ok = True
-        except BaseException as err:
-            # A tracking failure while recording the error is a warning (chained), never a
-            # replacement, and the run is never left RUNNING or active.
-            if track_env:
-                tracking.mark_failed(_summary(err), secrets)
-            raise
         finally:
             if not ok:  # also on KeyboardInterrupt in the notebook: no rank outlives run()
                 service.stop_ranks()
@@ -245,6 +307,30 @@ class _Target:
     where: str
     spread: bool  # spread one host's GPUs over its ranks (single-host masters)
     launch: Callable[[Any], Any]  # TaskSpec -> a launch backend
+
+
+def _count(name: str, value: Any) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise ValueError(f"{name} must be an int >= 0, got {value!r}.")
+    return value
+
+
+def _check_min_np(min_np: Any, np: int, max_restarts: int) -> int | None:
+    """``min_np``: None, or 1 <= min_np <= np for Spark jobs (np > 0) with restarts."""
+    if min_np is None:
+        return None
+    if isinstance(min_np, bool) or not isinstance(min_np, int) or min_np < 1:
+        raise ValueError(f"min_np must be None or an int >= 1, got {min_np!r}.")
+    if np <= 0 or min_np > np:
+        raise ValueError(
+            f"min_np={min_np} needs np > 0 Spark tasks and min_np <= np (np={np}): it is the "
+            f"fewest ranks a restart may run with when the cluster lost slots."
+        )
+    if not max_restarts:
+        raise ValueError(
+            f"min_np={min_np} only applies to restarts: pass max_restarts=N (N >= 1) too."
+        )
+    return min_np
 
 
 def _summary(err: BaseException) -> str:

@@ -64,6 +64,32 @@ def preflight(sc: Any, np: int, wait_s: float = EXECUTOR_WAIT_S) -> None:
         )
 
 
+def slots_for_restart(sc: Any, np: int, min_np: int | None, wait_s: float) -> int:
+    """How many ranks a restart runs with, once the cluster offers them (after a lost host).
+
+    ``np`` as soon as the cluster has ``np`` task slots again (a replaced node registered);
+    with ``min_np``, at once with every slot there is, between ``min_np`` and ``np``. Waits
+    at most ``wait_s`` (``start_timeout``).
+
+    Raises:
+        ValueError: fewer slots than ``min_np`` (or ``np``) after ``wait_s``, naming both.
+    """
+    least = np if min_np is None else min_np
+    deadline = time.monotonic() + wait_s
+    slots, why = task_slots(sc)
+    while slots < least and time.monotonic() < deadline:
+        time.sleep(1.0)
+        slots, why = task_slots(sc)
+    if slots < least:
+        raise ValueError(
+            f"After the failure the cluster offers {slots} task slots ({why}), fewer than "
+            f"{'min_np=' if min_np is not None else 'np='}{least}, for start_timeout="
+            f"{wait_s:g}s. Add workers (a lost node is usually replaced within minutes), "
+            f"raise start_timeout, or allow fewer ranks with HorovodRunner(min_np=...)."
+        )
+    return min(np, slots)
+
+
 def driver_address(sc: Any) -> str:
     """The driver's address as executors see it (``spark.driver.host``), resolved to an IP."""
     host = _conf(sc, "spark.driver.host", socket.gethostname())

@@ -61,6 +61,7 @@ def lost_failure(tasks: Sequence[Task]) -> HorovodRunnerError | None:
         f"the cluster's event log). The other ranks were stopped; rerun with the same "
         f"checkpoint_dir to resume.",
         rank=min(t.rank for t in lost if t.rank is not None),
+        cause="lost",
     )
 
 
@@ -89,12 +90,14 @@ def stall_failure(
             f"({'; '.join(f'rank {r}: {where(r)}' for r in others)}; rank {waiting[0]} waited "
             f"at {stuck[waiting[0]].where}). {advice}",
             rank=others[0],
+            cause="stall",
         )
     return HorovodRunnerError(
         f"All ranks waited inside framework or Horovod calls for more than "
         f"stall_timeout={stall_timeout:g}s ({'; '.join(f'rank {r}: {where(r)}' for r in waiting)}): "
         f"mismatched collectives (different names or order), or a step longer than the "
-        f"bound. {advice}"
+        f"bound. {advice}",
+        cause="stall",
     )
 
 
@@ -124,13 +127,14 @@ def rank_failure(
         )
         return HorovodRunnerError(
             summary, rank=rank, exc_type=exc_type, remote_message=message,
-            remote_traceback=trace, output_tail=tail,
+            remote_traceback=trace, output_tail=tail, cause="early" if cause else "raised",
         )  # fmt: skip
     return HorovodRunnerError(
         f"{cause}Rank {rank} died ({report.how}) without raising a Python exception. "
         f"The other ranks were stopped.",
         rank=rank,
         output_tail=tail,
+        cause="early" if cause else "died",
     )
 
 
@@ -157,13 +161,15 @@ def _clip(message: str, limit: int = 2000) -> str:
 def timeout_failure(timeout: float) -> HorovodRunnerError:
     return HorovodRunnerError(
         f"The job did not finish within timeout={timeout:g}s and was stopped. "
-        f"Raise HorovodRunner(timeout=...) if it needs longer."
+        f"Raise HorovodRunner(timeout=...) if it needs longer.",
+        cause="timeout",
     )
 
 
 def backend_failure(err: BaseException) -> HorovodRunnerError:
     return HorovodRunnerError(
-        f"The launch backend failed before all ranks finished: {type(err).__name__}: {err}"
+        f"The launch backend failed before all ranks finished: {type(err).__name__}: {err}",
+        cause="backend",
     )
 
 
@@ -171,7 +177,8 @@ def start_failure(started: int, np: int, start_timeout: float) -> HorovodRunnerE
     return HorovodRunnerError(
         f"Only {started} of np={np} ranks started within start_timeout={start_timeout:g}s. "
         f"The cluster probably has no {np} free task slots at once (other jobs, or executors "
-        f"still starting). Free slots, lower np, or raise start_timeout."
+        f"still starting). Free slots, lower np, or raise start_timeout.",
+        cause="start",
     )
 
 
@@ -181,12 +188,15 @@ def mixed_builds_failure(builds: dict[str | None, list[str]]) -> HorovodRunnerEr
     return HorovodRunnerError(
         f"The hosts of this job have different horovod builds ({hosts}). Every node "
         f"must install the same horovod wheel (the bundle's task library, built once "
-        f"by hvdrunner_build_horovod); restart the cluster after fixing its libraries."
+        f"by hvdrunner_build_horovod); restart the cluster after fixing its libraries.",
+        cause="builds",
     )
 
 
 def no_result_failure() -> HorovodRunnerError:
-    return HorovodRunnerError("Rank 0 finished without sending its return value.", rank=0)
+    return HorovodRunnerError(
+        "Rank 0 finished without sending its return value.", rank=0, cause="result"
+    )
 
 
 def unpicklable_result_failure(exc: BaseException) -> HorovodRunnerError:
@@ -195,6 +205,7 @@ def unpicklable_result_failure(exc: BaseException) -> HorovodRunnerError:
         f"({type(exc).__name__}: {exc}). Return plain data (numbers, dicts, numpy "
         f"arrays) rather than objects of modules the driver cannot import.",
         rank=0,
+        cause="result",
     )
 
 

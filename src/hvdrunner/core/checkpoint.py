@@ -177,16 +177,30 @@ class CheckpointDir:
         )
 
 
-def resume(store: Any, model: Any, optimizer: Any, broadcast_object: Callable[..., Any]) -> int:
+def carried_metrics(path: str) -> dict[str, dict[str, float]]:
+    """The epoch metrics a checkpoint carries (``{"<epoch>": {name: value}}``; see
+    :mod:`hvdrunner.core.ledger`); empty for checkpoints written before they did."""
+    with open(os.path.join(path, STATE)) as f:
+        return dict(json.load(f).get("metrics") or {})
+
+
+def resume(
+    store: Any, model: Any, optimizer: Any, broadcast_object: Callable[..., Any],
+    ledger: Any = None,
+) -> int:  # fmt: skip
     """Rank 0 restores the newest intact checkpoint of ``store`` (an adapter's store with
-    ``latest()`` and ``restore(path, model, optimizer)``, or ``None``); every rank returns
-    the epoch to start at, from rank 0 (``broadcast_object``: the framework's collective)."""
+    ``latest()`` and ``restore(path, model, optimizer)``, or ``None``) and hands the metrics
+    it carries to ``ledger`` (a :class:`~hvdrunner.core.ledger.MetricLedger`); every rank
+    returns the epoch to start at, from rank 0 (``broadcast_object``: the framework's
+    collective)."""
     initial_epoch = 0
     if store is not None and is_rank0():
         latest = store.latest()
         if latest is not None:
             initial_epoch = store.restore(latest[1], model, optimizer)
             _log.info(f"resuming after epoch {initial_epoch} from {latest[1]}")
+            if ledger is not None:
+                ledger.restore(carried_metrics(latest[1]))
     return int(broadcast_object(initial_epoch, root_rank=0, name="hvdrunner.initial_epoch"))
 
 

@@ -19,6 +19,7 @@ from typing import Any, Protocol
 
 from hvdrunner import tracking
 from hvdrunner.core.checkpoint import check_dir, resume
+from hvdrunner.core.ledger import MetricLedger
 from hvdrunner.core.settings import FitResult, TrainingSettings
 from hvdrunner.distributed import is_rank0
 
@@ -57,10 +58,12 @@ class Framework(Protocol):
 
     def train(
         self, built: Built, cfg: Any, feed: Any, validation: Any, steps: int, store: Any,
-        initial_epoch: int,
+        initial_epoch: int, ledger: MetricLedger,
     ) -> tuple[dict[str, list[Any]], Any]:  # fmt: skip
         """Epochs ``initial_epoch..`` with averaged metrics, rank-0 progress, checkpoints
-        when :func:`checkpoint_due`; the history and a few input rows."""
+        when :func:`checkpoint_due`; the history and a few input rows. Each epoch's averaged
+        metrics go to ``ledger.epoch_end``; a checkpoint is saved with ``ledger.carried()``,
+        then ``ledger.saved()``."""
 
     def log_model(self, model: Any, cfg: Any, example: Any) -> str | None: ...
 
@@ -73,7 +76,8 @@ def run(
     hvd = framework.init(cfg)
     built = framework.build(build_model, cfg, hvd.size())
     store = framework.store(cfg) if cfg.checkpoint_dir else None
-    initial_epoch = resume(store, built.model, built.optimizer, hvd.broadcast_object)
+    ledger = MetricLedger(durable=store is not None)
+    initial_epoch = resume(store, built.model, built.optimizer, hvd.broadcast_object, ledger)
     framework.broadcast(built)
     steps, rows, feed = framework.feed(data, cfg, initial_epoch)
     tracking.log_params(cfg.run_params(hvd.size(), built.lr, steps, rows)
@@ -81,7 +85,9 @@ def run(
                         | framework.params(cfg))  # fmt: skip
     # Changes on every resume of the same run: a tag, not a param (params are immutable).
     tracking.set_tags({"hvdrunner.initial_epoch": initial_epoch})
-    history, example = framework.train(built, cfg, feed, validation, steps, store, initial_epoch)
+    history, example = framework.train(
+        built, cfg, feed, validation, steps, store, initial_epoch, ledger
+    )
     model_uri = None
     if cfg.log_model and example is not None:
         model_uri = framework.log_model(built.model, cfg, example)

@@ -192,14 +192,23 @@ class LogCallback(base):
 class MLflowCallback(base):
     """Epoch metrics averaged over ranks, logged by rank 0 with the epoch as step.
 
-    Put it on every rank (the averaging is collective); only rank 0 writes.
+    Put it on every rank (the averaging is collective); only rank 0 writes. ``ledger`` (fit's
+    :class:`~hvdrunner.core.ledger.MetricLedger`) defers each epoch until its checkpoint is
+    saved, so a restart never logs a step twice; without one, each epoch is logged at once.
     """
+
+    def __init__(self, ledger: Any = None) -> None:
+        super().__init__()
+        self.ledger = ledger
 
     def on_epoch_end(self, epoch: int, logs: dict[str, Any] | None = None) -> None:
         averaged = average_metrics(dict(logs or {}))
         if logs is not None:
             logs.update(averaged)  # later callbacks (and History) see the averages
-        tracking.log_metrics(averaged, step=epoch)
+        if self.ledger is not None:
+            self.ledger.epoch_end(epoch, averaged)
+        else:
+            tracking.log_metrics(averaged, step=epoch)
 
 
 class WeightSyncCheckCallback(base):

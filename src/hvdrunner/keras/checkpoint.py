@@ -39,14 +39,18 @@ class CheckpointStore:
         """``(epochs_done, path)`` of the newest intact checkpoint, or ``None``."""
         return self.dir.latest()
 
-    def save(self, model: Any, optimizer: Any, epochs_done: int) -> str:
-        """Write model weights and optimizer variables as checkpoint ``epochs_done``."""
+    def save(
+        self, model: Any, optimizer: Any, epochs_done: int, metrics: dict[str, Any] | None = None
+    ) -> str:
+        """Write model weights and optimizer variables as checkpoint ``epochs_done``, with
+        the epoch ``metrics`` it carries (:mod:`hvdrunner.core.ledger`)."""
 
         def write(tmp: str) -> dict[str, Any]:
             model.save_weights(os.path.join(tmp, WEIGHTS))
             values = [np.asarray(v.numpy()) for v in compat.optimizer_variables(optimizer)]
             np.savez(os.path.join(tmp, OPTIMIZER), *values)
-            return {"format": _FORMAT, "optimizer_variables": len(values)}
+            return {"format": _FORMAT, "optimizer_variables": len(values),
+                    "metrics": metrics or {}}  # fmt: skip
 
         return self.dir.save(write, epochs_done)
 

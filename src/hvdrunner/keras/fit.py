@@ -128,9 +128,9 @@ class _Keras:
 
     def train(
         self, built: recipe.Built, cfg: FitConfig, feed: Any, validation: Any, steps: int,
-        store: Any, initial_epoch: int,
+        store: Any, initial_epoch: int, ledger: Any,
     ) -> tuple[dict[str, list[Any]], Any]:  # fmt: skip
-        cbs = _callbacks(cfg, store, built.optimizer, built.lr, steps, initial_epoch)
+        cbs = _callbacks(cfg, store, built.optimizer, built.lr, steps, initial_epoch, ledger)
         return _train(built.model, cfg, feed, validation, steps, initial_epoch, cbs)
 
     def log_model(self, model: Any, cfg: FitConfig, example: Any) -> str | None:
@@ -186,8 +186,9 @@ def _build(build_model: Callable[[], Any], cfg: FitConfig, size: int) -> tuple[A
 
 
 def _callbacks(
-    cfg: FitConfig, store: Any, opt: Any, lr: float, steps: int, initial_epoch: int
-) -> list[Any]:
+    cfg: FitConfig, store: Any, opt: Any, lr: float, steps: int, initial_epoch: int,
+    ledger: Any,
+) -> list[Any]:  # fmt: skip
     """Averaging, warmup (or the full rate on a resume past it), sync check, MLflow, saves."""
     cbs: list[Any] = [hk_callbacks.MetricAverageCallback()]
     if cfg.warmup_epochs and initial_epoch < cfg.warmup_epochs:
@@ -196,9 +197,9 @@ def _callbacks(
     else:
         compat.set_learning_rate(opt, lr)
     cbs.append(hk_callbacks.WeightSyncCheckCallback())
-    cbs.append(hk_callbacks.MLflowCallback())
+    cbs.append(hk_callbacks.MLflowCallback(ledger))
     if store is not None:
-        cbs.append(_checkpoint_callback(store, opt, cfg.checkpoint_every, cfg.epochs))
+        cbs.append(_checkpoint_callback(store, opt, cfg.checkpoint_every, cfg.epochs, ledger))
     return [*cbs, *cfg.callbacks]
 
 
@@ -268,14 +269,18 @@ def _check_inputs(inputs: dict[str, Any]) -> None:
 fit.hvdrunner_preflight = _preflight  # type: ignore[attr-defined]
 
 
-def _checkpoint_callback(store: Any, optimizer: Any, every: int, epochs: int) -> Any:
-    """Rank 0 saves every ``every`` epochs and after the last one."""
+def _checkpoint_callback(
+    store: Any, optimizer: Any, every: int, epochs: int, ledger: Any
+) -> Any:
+    """Rank 0 saves every ``every`` epochs and after the last one, with the epochs' metrics
+    not logged yet; once saved, they are logged."""
     base: type = compat.tf_keras().callbacks.Callback
 
     class CheckpointCallback(base):
         def on_epoch_end(self, epoch: int, logs: dict[str, Any] | None = None) -> None:
             done = epoch + 1
             if is_rank0() and recipe.checkpoint_due(done, every, epochs):
-                store.save(self.model, optimizer, done)
+                store.save(self.model, optimizer, done, metrics=ledger.carried())
+                ledger.saved()
 
     return CheckpointCallback()

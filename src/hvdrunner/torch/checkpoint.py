@@ -35,13 +35,18 @@ class CheckpointStore:
         """``(epochs_done, path)`` of the newest intact checkpoint, or ``None``."""
         return self.dir.latest()
 
-    def save(self, model: torch.nn.Module, optimizer: Any, epochs_done: int) -> str:
-        """Write the model's and the optimizer's state as checkpoint ``epochs_done``."""
+    def save(
+        self, model: torch.nn.Module, optimizer: Any, epochs_done: int,
+        metrics: dict[str, Any] | None = None,
+    ) -> str:  # fmt: skip
+        """Write the model's and the optimizer's state as checkpoint ``epochs_done``, with
+        the epoch ``metrics`` it carries (:mod:`hvdrunner.core.ledger`)."""
 
         def write(tmp: str) -> dict[str, Any]:
             torch.save(model.state_dict(), os.path.join(tmp, MODEL))
             torch.save(optimizer.state_dict(), os.path.join(tmp, OPTIMIZER))
-            return {"format": _FORMAT, "framework": f"torch {torch.__version__}"}
+            return {"format": _FORMAT, "framework": f"torch {torch.__version__}",
+                    "metrics": metrics or {}}  # fmt: skip
 
         return self.dir.save(write, epochs_done)
 

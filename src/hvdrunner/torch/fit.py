@@ -113,10 +113,10 @@ class _Torch:
 
     def train(
         self, built: recipe.Built, cfg: FitConfig, feed: Any, validation: Any, steps: int,
-        store: Any, initial_epoch: int,
+        store: Any, initial_epoch: int, ledger: Any,
     ) -> tuple[dict[str, list[Any]], Any]:  # fmt: skip
         trainer = loop.Trainer(built.model, built.optimizer, cfg, built.lr, self.device, steps,
-                               store, built.extra)  # fmt: skip
+                               store, built.extra, ledger)  # fmt: skip
         return trainer.run(feed, validation, initial_epoch)
 
     def log_model(self, model: Any, cfg: FitConfig, example: Any) -> str | None:

@@ -16,9 +16,9 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from hvdrunner import tracking
 from hvdrunner._logging import log_to_driver
 from hvdrunner.core import recipe, schedule
+from hvdrunner.core.ledger import MetricLedger
 from hvdrunner.distributed import is_rank0, size
 from hvdrunner.torch import collectives
 from hvdrunner.torch.config import FitConfig
@@ -70,9 +70,11 @@ class Trainer:
     def __init__(
         self, model: torch.nn.Module, optimizer: Any, cfg: FitConfig, lr: float,
         device: torch.device, steps: int, store: Any, group_lrs: list[float],
+        ledger: MetricLedger | None = None,
     ) -> None:  # fmt: skip
         self.model, self.opt, self.cfg, self.lr = model, optimizer, cfg, lr
         self.device, self.steps, self.store = device, steps, store
+        self.ledger = ledger or MetricLedger(durable=store is not None)
         self.loss = resolve(cfg.loss, LOSSES)[1]
         self.metrics = [resolve(m, {"accuracy": accuracy}) for m in cfg.metrics]
         self.group_lrs = list(group_lrs)
@@ -164,10 +166,11 @@ class Trainer:
         if self.cfg.verbose:  # progress, not a status line: to the driver's output as "[0] ..."
             shown = " - ".join(f"{k} {v:.4f}" for k, v in logs.items())
             log_to_driver(f"epoch {done}/{self.cfg.epochs} - {shown} ({seconds:.1f} s)")
-        tracking.log_metrics(logs, step=epoch)
+        self.ledger.epoch_end(epoch, logs)
         every = self.cfg.checkpoint_every
         if self.store is not None and recipe.checkpoint_due(done, every, self.cfg.epochs):
-            self.store.save(self.model, self.opt, done)
+            self.store.save(self.model, self.opt, done, metrics=self.ledger.carried())
+            self.ledger.saved()
 
 
 def _example(x: Any) -> Any:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import time
 from collections.abc import Iterator, Mapping
 from typing import Any
 
@@ -161,6 +162,36 @@ def mark_failed(error_summary: str, secrets: list[str]) -> None:
         _forget_active_run(run.info.run_id)
 
 
+#: The run's restart count (tag and metric); each restart's cause is tag ``hvdrunner.attempt.N``.
+RESTARTS_TAG = "hvdrunner.restarts"
+
+
+def note_restart(track_env: Mapping[str, str], restarts: int, cause: str, secrets: list[str]) -> None:
+    """Driver side: record restart number ``restarts`` and the failure that caused it in the
+    job's run (``track_env`` from :func:`driver_context`; a no-op without a run).
+
+    Never raises: a tracking server that is down costs a warning, not the restart.
+    """
+    run = track_env.get(RUN_ID_ENV)
+    if not run:
+        return
+    try:
+        from mlflow import MlflowClient
+        from mlflow.entities import Metric, RunTag
+
+        tags = [RunTag(RESTARTS_TAG, str(restarts)),
+                RunTag(f"hvdrunner.attempt.{restarts}", scrub(cause, secrets)[:4000])]  # fmt: skip
+        metric = Metric(RESTARTS_TAG, float(restarts), int(time.time() * 1000), restarts)
+        with _bounded_http():
+            client = MlflowClient(tracking_uri=track_env.get("MLFLOW_TRACKING_URI"))
+            client.log_batch(run, metrics=[metric], tags=tags, synchronous=True)
+    except Exception as exc:  # noqa: BLE001 - reported, never stops the restart
+        _log.warning(
+            f"could not record restart {restarts} in MLflow run {run} ({type(exc).__name__}: "
+            f"{scrub(str(exc), secrets)[:300]})"
+        )
+
+
 def _forget_active_run(run_id: str) -> None:
     """Drop ``run_id`` from MLflow's active-run stack (end_run may have failed half-way)."""
     import mlflow
@@ -258,8 +289,6 @@ def log_metrics(metrics: Mapping[str, float], step: int | None = None) -> None:
     """Log metrics at ``step`` (rank 0 only). Average across ranks *before* calling this."""
     client = rank0_client()
     if client is not None:
-        import time
-
         from mlflow.entities import Metric
 
         now = int(time.time() * 1000)
@@ -268,6 +297,15 @@ def log_metrics(metrics: Mapping[str, float], step: int | None = None) -> None:
             metrics=[Metric(k, float(v), now, step or 0) for k, v in metrics.items()],
             synchronous=True,
         )
+
+
+def logged_steps() -> set[tuple[str, int]]:
+    """Every ``(metric, step)`` the job's run holds (rank 0 with a run; else empty)."""
+    client = rank0_client()
+    if client is None:
+        return set()
+    keys = client.get_run(run_id()).data.metrics.keys()
+    return {(k, m.step) for k in keys for m in client.get_metric_history(run_id(), k)}
 
 
 def set_tags(tags: Mapping[str, Any]) -> None:
