@@ -69,7 +69,7 @@ class MetricLedger:
     def flush(self) -> None:
         """Log every pending step the run does not hold yet (rank 0, with a run)."""
         pending, self.pending = self.pending, {}
-        if not pending or tracking.rank0_client() is None:
+        if not pending or not is_rank0() or tracking.run_id() is None:
             return
         if self._logged is None:
             self._logged = tracking.logged_steps()

@@ -1,0 +1,208 @@
+"""fit under HorovodRunner(max_restarts=2): a rank SIGKILLed mid-training, and the job goes
+on by itself from the newest checkpoint into the same MLflow run. It ends with the weights
+of an undisturbed run, one FINISHED run whose metric steps are each logged once, and the
+restart recorded. Real ranks on Spark local[2] barrier tasks, real MLflow sqlite; the fault
+is injected inside the rank (a SIGKILL at a chosen moment of attempt 1)."""
+
+from __future__ import annotations
+
+import os
+import signal
+from typing import Any
+
+import mlflow
+import numpy as np
+import pandas as pd
+import pytest
+
+from hvdrunner import HorovodRunner
+from hvdrunner.data import prepare
+
+EPOCHS = 5
+#: Where each fault strikes in attempt 1 (the epoch is 0-based):
+#: - ``rank1-in-epoch4``: rank 1 dies as epoch 4 starts, checkpoint_every=2: epoch 3 was
+#:   trained (its metrics known) but no checkpoint holds it, so it is trained again;
+#: - ``rank0-after-save2``: rank 0 dies right after checkpoint 2 is on disk, before epoch
+#:   2's metrics reached MLflow: the restart logs them from the checkpoint.
+FAULTS = {"rank1-in-epoch4": (1, 3, 2), "rank0-after-save2": (0, 2, 1)}  # rank, epoch, every
+
+
+@pytest.fixture(scope="module")
+def digits(spark, tmp_path_factory):
+    from sklearn.datasets import load_digits
+
+    x, y = load_digits(return_X_y=True)
+    frame = pd.DataFrame({"pixels": (x[:1024] / 16.0).astype("float32").tolist(),
+                          "label": y[:1024].astype("int64")})  # fmt: skip
+    return prepare(spark.createDataFrame(frame), features="pixels", label="label",
+                   cache_dir=str(tmp_path_factory.mktemp("digits")))  # fmt: skip
+
+
+def _steps(run_id: str) -> dict[str, list[int]]:
+    client = mlflow.MlflowClient()
+    keys = [k for k in client.get_run(run_id).data.metrics if not k.startswith("hvdrunner.")]
+    return {k: sorted(m.step for m in client.get_metric_history(run_id, k)) for k in keys}
+
+
+def _values(run_id: str, key: str) -> list[float]:
+    history = mlflow.MlflowClient().get_metric_history(run_id, key)
+    return [m.value for m in sorted(history, key=lambda m: m.step)]
+
+
+def _metrics(run_id: str) -> dict[str, list[float]]:
+    """Each metric's values by step; every step of every metric exactly once."""
+    steps = _steps(run_id)
+    for key, logged in steps.items():  # none missing, none twice
+        assert logged == list(range(EPOCHS)), (key, logged)
+    return {key: _values(run_id, key) for key in steps}
+
+
+def _check_restarted_run(run_id: str, reference: dict[str, list[float]], resumed_at: int) -> None:
+    got = mlflow.get_run(run_id)
+    assert got.info.status == "FINISHED"
+    assert got.data.tags["hvdrunner.restarts"] == "1"
+    assert "SIGKILL" in got.data.tags["hvdrunner.attempt.1"]
+    assert got.data.tags["hvdrunner.initial_epoch"] == str(resumed_at)
+    metrics = _metrics(run_id)
+    assert set(metrics) == set(reference) and "loss" in metrics
+    for key, values in metrics.items():
+        np.testing.assert_allclose(values, reference[key], rtol=1e-4, err_msg=key)
+
+
+# -- PyTorch ------------------------------------------------------------------------------------
+def build_torch_mlp():
+    import torch
+
+    return torch.nn.Sequential(torch.nn.Linear(64, 32), torch.nn.ReLU(), torch.nn.Linear(32, 10))
+
+
+def torch_fit_with_fault(fault: str | None, **kwargs: Any) -> Any:
+    """``hvdrunner.torch.fit``, with ``fault`` (FAULTS) striking in attempt 1 only."""
+    from hvdrunner.distributed import attempt, rank
+    from hvdrunner.torch import checkpoint, fit, loop
+
+    victim, at, _ = FAULTS.get(fault or "", (-1, -1, 1))
+    if attempt() == 1 and rank() == victim and fault == "rank1-in-epoch4":
+        train_epoch = loop.Trainer._train_epoch
+
+        def dies_in_epoch(self: Any, feed: Any, epoch: int) -> Any:
+            if epoch == at:
+                os.kill(os.getpid(), signal.SIGKILL)
+            return train_epoch(self, feed, epoch)
+
+        loop.Trainer._train_epoch = dies_in_epoch  # type: ignore[method-assign]
+    if attempt() == 1 and rank() == victim and fault == "rank0-after-save2":
+        save = checkpoint.CheckpointStore.save
+
+        def dies_after_save(self: Any, model: Any, opt: Any, done: int, metrics: Any = None) -> str:
+            path = save(self, model, opt, done, metrics=metrics)
+            if done == at:
+                os.kill(os.getpid(), signal.SIGKILL)
+            return path
+
+        checkpoint.CheckpointStore.save = dies_after_save  # type: ignore[method-assign]
+    return fit(**kwargs)
+
+
+def _torch_weights(ckpt: str) -> list[np.ndarray]:
+    import torch
+
+    state = torch.load(os.path.join(ckpt, f"epoch-{EPOCHS:05d}", "model.pt"))
+    return [v.numpy() for v in state.values()]
+
+
+TORCH_FIT = dict(build_model=build_torch_mlp, epochs=EPOCHS, batch_size=32, loss="cross_entropy",
+                 metrics=["accuracy"], log_model=False, verbose=0)  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def torch_reference(digits, tmp_path_factory, empty_mlflow_db):
+    """The undisturbed run: its final weights and its MLflow run."""
+    import shutil
+
+    work = tmp_path_factory.mktemp("torch-reference")
+    shutil.copyfile(empty_mlflow_db, work / "mlflow.db")
+    client = mlflow.MlflowClient(tracking_uri=f"sqlite:///{work / 'mlflow.db'}")
+    run = client.create_run(client.create_experiment("ref", artifact_location=str(work / "a")))
+    previous = mlflow.get_tracking_uri()
+    mlflow.set_tracking_uri(f"sqlite:///{work / 'mlflow.db'}")
+    try:
+        with mlflow.start_run(run_id=run.info.run_id):
+            HorovodRunner(np=2).run(torch_fit_with_fault, fault=None, data=digits,
+                                    checkpoint_dir=str(work / "ckpt"), **TORCH_FIT)  # fmt: skip
+        yield _torch_weights(str(work / "ckpt")), _metrics(run.info.run_id)
+    finally:
+        mlflow.set_tracking_uri(previous)
+
+
+@pytest.mark.torch
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("fault", list(FAULTS))
+def test_torch_fit_survives_a_sigkill_and_ends_as_an_undisturbed_run(
+    digits, torch_reference, store, tmp_path, fault
+):
+    weights, reference = torch_reference
+    ckpt = str(tmp_path / "ckpt")
+    every = FAULTS[fault][2]
+    with mlflow.start_run() as run:
+        result = HorovodRunner(np=2, max_restarts=2).run(
+            torch_fit_with_fault, fault=fault, data=digits, checkpoint_dir=ckpt,
+            checkpoint_every=every, **TORCH_FIT,
+        )  # fmt: skip
+    resumed_at = 2  # the newest checkpoint before the fault, in both cases
+    assert result.initial_epoch == resumed_at and len(result.history["loss"]) == EPOCHS - 2
+    for got, want in zip(_torch_weights(ckpt), weights, strict=True):
+        np.testing.assert_allclose(got, want, rtol=0, atol=1e-6)
+    _check_restarted_run(run.info.run_id, reference, resumed_at)
+
+
+# -- Keras --------------------------------------------------------------------------------------
+def build_keras_mlp():
+    import tensorflow as tf
+
+    return tf.keras.Sequential([tf.keras.Input(shape=(64,)),
+                                tf.keras.layers.Dense(32, activation="relu"),
+                                tf.keras.layers.Dense(10, activation="softmax")])  # fmt: skip
+
+
+def keras_fit_with_fault(fault: str | None, **kwargs: Any) -> Any:
+    """``hvdrunner.keras.fit`` with rank 1 SIGKILLed as epoch 4 starts in attempt 1 (when
+    ``fault``); returns the result and the final weights."""
+    from hvdrunner.distributed import attempt, rank
+    from hvdrunner.keras import compat, fit
+
+    base: type = compat.tf_keras().callbacks.Callback
+    final: list[Any] = []
+
+    class Fault(base):  # type: ignore[misc,valid-type]
+        def on_epoch_begin(self, epoch: int, logs: Any = None) -> None:
+            if fault and attempt() == 1 and rank() == 1 and epoch == 3:
+                os.kill(os.getpid(), signal.SIGKILL)
+
+        def on_train_end(self, logs: Any = None) -> None:
+            final.extend(w.tolist() for w in self.model.get_weights())
+
+    result = fit(callbacks=[Fault()], **kwargs)
+    return {"result": result, "weights": final}
+
+
+KERAS_FIT = dict(build_model=build_keras_mlp, epochs=EPOCHS, batch_size=32, learning_rate=1e-3,
+                 loss="sparse_categorical_crossentropy", metrics=["accuracy"], log_model=False,
+                 verbose=0)  # fmt: skip
+
+
+@pytest.mark.keras
+@pytest.mark.timeout(400)
+def test_keras_fit_survives_a_sigkill_and_ends_as_an_undisturbed_run(digits, store, tmp_path):
+    with mlflow.start_run() as reference_run:
+        reference = HorovodRunner(np=2).run(keras_fit_with_fault, fault=None, data=digits,
+                                            checkpoint_dir=str(tmp_path / "ref"), **KERAS_FIT)  # fmt: skip
+    with mlflow.start_run() as run:
+        got = HorovodRunner(np=2, max_restarts=2).run(
+            keras_fit_with_fault, fault="rank1-in-epoch4", data=digits,
+            checkpoint_dir=str(tmp_path / "ckpt"), checkpoint_every=2, **KERAS_FIT,
+        )  # fmt: skip
+    assert got["result"].initial_epoch == 2 and len(got["result"].history["loss"]) == EPOCHS - 2
+    for a, b in zip(got["weights"], reference["weights"], strict=True):
+        np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=0, atol=1e-5)
+    _check_restarted_run(run.info.run_id, _metrics(reference_run.info.run_id), 2)
