@@ -107,7 +107,7 @@ def torch_job():
     """The torch stack's scenarios, in the harder name mode (hostnames resolve to loopback,
     where only the patched horovod works)."""
     _need_namespaces()
-    results, cluster = _run_job("loopback", "torch_recipe", "torch_fit")
+    results, cluster = _run_job("loopback", "torch_recipe", "torch_fit", "torch_restarts")
     return "loopback", results, cluster
 
 
@@ -275,3 +275,23 @@ def test_torch_fit_on_two_hosts_equals_one_rank_at_four_times_the_batch(torch_jo
     for a, b in zip(out["four"], out["one"], strict=True):
         np.testing.assert_allclose(np.array(a), np.array(b), atol=1e-5, rtol=0)
     assert not np.allclose(np.array(out["four"][0]), np.array(out["initial"][0]), atol=1e-3)
+
+
+@pytest.mark.torch
+@pytest.mark.timeout(900)
+def test_max_restarts_outlives_a_killed_rank_and_a_killed_host_with_the_undisturbed_weights(
+    torch_job,
+):
+    """HorovodRunner(max_restarts=2), 4 ranks on 2 hosts: rank 3 SIGKILLed in epoch 3 of
+    attempt 1, its whole host killed in epoch 6 of attempt 2 (a replacement worker starts
+    3 s later, as Databricks replaces a node). The job finishes on attempt 3 by itself."""
+    out = value(torch_job, "torch_restarts")
+    got, reference = out["restarted"], out["reference"]
+    assert reference["error"] is None and reference["status"] == "FINISHED"
+    assert got["error"] is None, got
+    assert out["verdict"] == "recovered", out["reasons"]  # weights, steps, run, processes
+    assert got["max_weight_diff"] <= 1e-5
+    assert got["status"] == "FINISHED" and got["restarts"] == 2
+    assert "Rank 3 died (SIGKILL" in got["restart_causes"][0]
+    assert got["restart_causes"][1].startswith("attempt 2 (np=4): Lost host")
+    assert got["struck_hosts"] and got["left"] == []

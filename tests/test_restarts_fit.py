@@ -206,3 +206,57 @@ def test_keras_fit_survives_a_sigkill_and_ends_as_an_undisturbed_run(digits, sto
     for a, b in zip(got["weights"], reference["weights"], strict=True):
         np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=0, atol=1e-5)
     _check_restarted_run(run.info.run_id, _metrics(reference_run.info.run_id), 2)
+
+
+# -- your own function: docs/faults.md's recipe ---------------------------------------------------
+def _doc_recipe() -> Any:
+    """``train`` of docs/faults.md's recipe block, as a user pastes it into a notebook."""
+    import re
+    from pathlib import Path
+
+    doc = (Path(__file__).resolve().parents[1] / "docs" / "faults.md").read_text()
+    found = re.search(r"<!-- runs: tests/test_restarts_fit.py[^>]*-->\n```python\n(.*?)```",
+                      doc, re.S)  # fmt: skip
+    assert found, "docs/faults.md lost its restart recipe"
+    namespace: dict[str, Any] = {"__name__": "__main__"}
+    exec(compile(found.group(1), "docs/faults.md", "exec"), namespace)
+    return namespace["train"]
+
+
+def killed_once_after_epoch_2(fn: Any, checkpoint_dir: str) -> Any:
+    """Runs ``fn``; in attempt 1, rank 1 is SIGKILLed once rank 0 saved epoch 2."""
+    import threading
+    import time
+
+    from hvdrunner.distributed import attempt, rank
+
+    def strike() -> None:
+        import torch
+
+        path = os.path.join(checkpoint_dir, "last.pt")
+        while not (os.path.exists(path) and torch.load(path)["epoch"] >= 2):
+            time.sleep(0.01)
+        os.kill(os.getpid(), signal.SIGKILL)
+
+    if attempt() == 1 and rank() == 1:
+        threading.Thread(target=strike, daemon=True).start()
+    return fn(checkpoint_dir)
+
+
+@pytest.mark.torch
+@pytest.mark.timeout(300)
+def test_the_docs_restart_recipe_resumes_from_its_own_checkpoint(tmp_path, caplog):
+    import logging
+
+    caplog.set_level(logging.INFO, logger="hvdrunner")
+    train = _doc_recipe()
+    (tmp_path / "a").mkdir()
+    (tmp_path / "b").mkdir()
+    undisturbed = HorovodRunner(np=-2).run(train, checkpoint_dir=str(tmp_path / "a"))
+    restarted = HorovodRunner(np=-2, max_restarts=1).run(
+        killed_once_after_epoch_2, fn=train, checkpoint_dir=str(tmp_path / "b")
+    )
+    for a, b in zip(restarted, undisturbed, strict=True):
+        np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=0, atol=1e-6)
+    restarts = [r.getMessage() for r in caplog.records if "restarting the job" in r.getMessage()]
+    assert len(restarts) == 1 and "Rank 1 died (SIGKILL" in restarts[0]

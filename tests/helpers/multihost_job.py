@@ -13,9 +13,10 @@ scenario on 2 hosts x 2 ranks and prints one ``RESULT <scenario> <json>`` line p
 - ``hidden_cache``: prepared data that one host cannot see (its view of the dir is empty).
 - ``host_lost``: a whole host killed mid-training, then the same job on the healed cluster.
 - ``link_cut``: the same with the host's link cut (``ip link set ... down``) and restored.
-- ``torch_recipe``, ``torch_fit`` (torch stack; not in the default list): the standard
-  ``horovod.torch`` recipe on 4 ranks, and ``hvdrunner.torch.fit`` on 4 ranks (batch b)
-  against 1 rank (batch 4b).
+- ``torch_recipe``, ``torch_fit``, ``torch_restarts`` (torch stack; not in the default
+  list): the standard ``horovod.torch`` recipe on 4 ranks; ``hvdrunner.torch.fit`` on 4
+  ranks (batch b) against 1 rank (batch 4b); fit with ``max_restarts=2`` through a
+  SIGKILLed rank and a killed host (tests/helpers/faults_on_cluster.py).
 
 Exits 3 (skip) where network namespaces cannot be made.
 """
@@ -249,6 +250,18 @@ class Job:
         start = build_torch_linear()
         return {"four": torch_weights(four_ckpt, 2), "one": torch_weights(one_ckpt, 2),
                 "initial": [start.weight.detach().numpy().tolist()]}  # fmt: skip
+
+    def torch_restarts(self) -> Any:
+        """max_restarts=2: rank 3 SIGKILLed in attempt 1, then its whole host killed in
+        attempt 2 (a replacement worker starts 3 s later); against the undisturbed job."""
+        import faults_on_cluster as foc
+
+        reference = foc.run_job(self, "undisturbed", [], max_restarts=0, slow_s=0.0)
+        faults = [foc.Fault("rank", 3, 2, attempt=1), foc.Fault("host", 3, 5, attempt=2)]
+        restarted = foc.run_job(self, "restarted", faults, max_restarts=2)
+        verdict, reasons = foc.judge(restarted, reference, bound_s=300)
+        return {"reference": reference, "restarted": restarted, "verdict": verdict,
+                "reasons": reasons}  # fmt: skip
 
     def _failure(self, fn: Any, **kwargs: Any) -> dict[str, Any]:
         from hvdrunner import HorovodRunner, HorovodRunnerError
