@@ -8,7 +8,6 @@ from __future__ import annotations
 import logging
 import os
 import signal
-import threading
 import time
 from pathlib import Path
 
@@ -147,9 +146,7 @@ def marks(tmp_path: Path) -> Path:
 # -- real jobs ---------------------------------------------------------------------------------
 @pytest.mark.timeout(180)
 @pytest.mark.parametrize("np_", [-2, 2], ids=["driver-processes", "spark-barrier-tasks"])
-def test_a_sigkilled_rank_is_restarted_and_the_job_returns_rank0s_value(
-    spark, np_, marks, caplog
-):
+def test_a_sigkilled_rank_is_restarted_and_the_job_returns_rank0s_value(spark, np_, marks, caplog):
     caplog.set_level(logging.INFO, logger="hvdrunner")
     t0 = time.monotonic()
     value = HorovodRunner(np=np_, max_restarts=2).run(killed_in_attempt_1, marks=str(marks))

@@ -260,3 +260,44 @@ def test_the_docs_restart_recipe_resumes_from_its_own_checkpoint(tmp_path, caplo
         np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=0, atol=1e-6)
     restarts = [r.getMessage() for r in caplog.records if "restarting the job" in r.getMessage()]
     assert len(restarts) == 1 and "Rank 1 died (SIGKILL" in restarts[0]
+
+
+def elastic_recipe(marks: str) -> dict[str, Any]:
+    """Unchanged elastic horovod.torch code; rank 1 SIGKILLed after epoch 2's commit in
+    attempt 1. Returns where this attempt's loop began and the epochs it ran."""
+    import horovod.torch as hvd
+    import torch
+
+    from hvdrunner.distributed import attempt
+
+    hvd.init()
+    model = torch.nn.Linear(2, 1)
+    opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1),
+                                   named_parameters=model.named_parameters())  # fmt: skip
+    state = hvd.elastic.TorchState(model, opt, epoch=0)
+    ran: list[int] = []
+
+    @hvd.elastic.run
+    def train(state: Any) -> int:
+        for state.epoch in range(state.epoch, 4):
+            ran.append(state.epoch)
+            opt.zero_grad()
+            model(torch.ones(4, 2)).sum().backward()
+            opt.step()
+            state.commit()
+            if attempt() == 1 and hvd.rank() == 1 and state.epoch == 2:
+                os.kill(os.getpid(), signal.SIGKILL)
+            hvd.allreduce(torch.zeros(1), name=f"after-commit-{state.epoch}")
+        return state.epoch
+
+    last = train(state)
+    return {"attempt": attempt(), "ran": ran, "last": last}
+
+
+@pytest.mark.torch
+@pytest.mark.timeout(240)
+def test_unchanged_elastic_torch_code_runs_and_a_restart_begins_it_again():
+    """As docs/faults.md says: @hvd.elastic.run code runs under HorovodRunner; a restart
+    runs fresh processes, so it starts from its beginning (commits live in memory)."""
+    out = HorovodRunner(np=-2, max_restarts=1).run(elastic_recipe, marks="")
+    assert out == {"attempt": 2, "ran": [0, 1, 2, 3], "last": 3}

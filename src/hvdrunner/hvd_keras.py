@@ -269,9 +269,11 @@ class _Elastic:
         raise NotImplementedError(
             f"hvd_keras.elastic.{name}: elastic Horovod (ranks joining and leaving a running "
             f"job) is not supported by HorovodRunner, whose Spark barrier stage has a fixed "
-            f"size. Use checkpoints and retries instead: hvdrunner.keras.fit(checkpoint_dir=...) "
-            f"resumes from the newest intact checkpoint when the job (or the Databricks task, "
-            f"max_retries) runs again."
+            f"size, and a restart runs fresh processes, so state.commit()'s in-memory copy "
+            f"would be lost. Use restarts and checkpoints instead: HorovodRunner(max_restarts=N) "
+            f"starts the job again after a lost rank or host, and "
+            f"hvdrunner.keras.fit(checkpoint_dir=...) resumes from the newest intact checkpoint "
+            f"(docs/faults.md)."
         )
 
 

@@ -142,7 +142,6 @@ def run_job(job: Any, name: str, faults: list[Fault], max_restarts: int,
     import mlflow
 
     from hvdrunner import HorovodRunner, HorovodRunnerError
-    from hvdrunner.torch import fit
 
     work = job.shared / name
     work.mkdir()

@@ -58,8 +58,8 @@ def lost_failure(tasks: Sequence[Task]) -> HorovodRunnerError | None:
         f"Lost {'; '.join(parts)} before they finished: the connection to their Spark "
         f"task(s) dropped or fell silent (no heartbeat) without an exit report, so the "
         f"machine, its executor or its network went away (see that executor's log and "
-        f"the cluster's event log). The other ranks were stopped; rerun with the same "
-        f"checkpoint_dir to resume.",
+        f"the cluster's event log). The other ranks were stopped; a rerun with the same "
+        f"checkpoint_dir resumes (HorovodRunner(max_restarts=N) reruns by itself).",
         rank=min(t.rank for t in lost if t.rank is not None),
         cause="lost",
     )

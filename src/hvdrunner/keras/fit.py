@@ -269,9 +269,7 @@ def _check_inputs(inputs: dict[str, Any]) -> None:
 fit.hvdrunner_preflight = _preflight  # type: ignore[attr-defined]
 
 
-def _checkpoint_callback(
-    store: Any, optimizer: Any, every: int, epochs: int, ledger: Any
-) -> Any:
+def _checkpoint_callback(store: Any, optimizer: Any, every: int, epochs: int, ledger: Any) -> Any:
     """Rank 0 saves every ``every`` epochs and after the last one, with the epochs' metrics
     not logged yet; once saved, they are logged."""
     base: type = compat.tf_keras().callbacks.Callback

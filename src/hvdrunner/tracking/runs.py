@@ -166,7 +166,9 @@ def mark_failed(error_summary: str, secrets: list[str]) -> None:
 RESTARTS_TAG = "hvdrunner.restarts"
 
 
-def note_restart(track_env: Mapping[str, str], restarts: int, cause: str, secrets: list[str]) -> None:
+def note_restart(
+    track_env: Mapping[str, str], restarts: int, cause: str, secrets: list[str]
+) -> None:
     """Driver side: record restart number ``restarts`` and the failure that caused it in the
     job's run (``track_env`` from :func:`driver_context`; a no-op without a run).
 
