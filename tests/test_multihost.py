@@ -107,7 +107,8 @@ def torch_job():
     """The torch stack's scenarios, in the harder name mode (hostnames resolve to loopback,
     where only the patched horovod works)."""
     _need_namespaces()
-    results, cluster = _run_job("loopback", "torch_recipe", "torch_fit", "torch_restarts")
+    results, cluster = _run_job("loopback", "torch_recipe", "torch_fit", "torch_restarts",
+                                "torch_min_np")  # fmt: skip
     return "loopback", results, cluster
 
 
@@ -286,12 +287,28 @@ def test_max_restarts_outlives_a_killed_rank_and_a_killed_host_with_the_undistur
     attempt 1, its whole host killed in epoch 6 of attempt 2 (a replacement worker starts
     3 s later, as Databricks replaces a node). The job finishes on attempt 3 by itself."""
     out = value(torch_job, "torch_restarts")
-    got, reference = out["restarted"], out["reference"]
-    assert reference["error"] is None and reference["status"] == "FINISHED"
+    got = out["restarted"]
     assert got["error"] is None, got
-    assert out["verdict"] == "recovered", out["reasons"]  # weights, steps, run, processes
+    # weights (against exact float64 SGD: the undisturbed job's), steps, run, processes
+    assert out["verdict"] == "recovered", out["reasons"]
     assert got["max_weight_diff"] <= 1e-5
     assert got["status"] == "FINISHED" and got["restarts"] == 2
     assert "Rank 3 died (SIGKILL" in got["restart_causes"][0]
     assert got["restart_causes"][1].startswith("attempt 2 (np=4): Lost host")
     assert got["struck_hosts"] and got["left"] == []
+
+
+@pytest.mark.torch
+@pytest.mark.timeout(900)
+def test_min_np_goes_on_with_the_ranks_left_after_a_host_is_lost_for_good(torch_job):
+    """np=4, min_np=2, max_restarts=1: the host of ranks 2-3 killed and not replaced; the
+    restart runs 2 ranks on the surviving host, each reading half the rows (steps double),
+    and the run notes the changed rank count."""
+    out = value(torch_job, "torch_min_np")
+    assert out["error"] is None, out
+    assert out["num_ranks"] == 2 and out["steps_per_epoch"] == 512 // 2 // 16
+    assert out["status"] == "FINISHED" and out["restarts"] == 1
+    assert out["restart_causes"][0].startswith("attempt 1 (np=4): Lost host")
+    assert out["num_ranks_changed"] == "2"  # params are immutable: the change is a tag
+    assert all(steps == list(range(8)) for steps in out["steps"].values()), out["steps"]
+    assert out["left"] == []

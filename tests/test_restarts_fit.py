@@ -192,6 +192,7 @@ KERAS_FIT = dict(build_model=build_keras_mlp, epochs=EPOCHS, batch_size=32, lear
 
 
 @pytest.mark.keras
+@pytest.mark.stacks("modern")  # the path is fit's neutral recipe and ledger: once is enough
 @pytest.mark.timeout(400)
 def test_keras_fit_survives_a_sigkill_and_ends_as_an_undisturbed_run(digits, store, tmp_path):
     with mlflow.start_run() as reference_run:

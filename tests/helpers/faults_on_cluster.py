@@ -32,6 +32,8 @@ ROWS, BATCH, RANKS = 512, 16, 4
 #: The weights of a disturbed job must equal the undisturbed one's this closely (measured:
 #: equal to float32 rounding, the resume replays the same batches from the same state).
 WEIGHT_ATOL = 1e-5
+#: Against :func:`exact_weights` (float64): an undisturbed 4-rank job measured 1.3e-7 away.
+EXACT_ATOL = 1e-5
 
 
 @dataclass(frozen=True)
@@ -45,7 +47,7 @@ class Fault:
     epoch: int
     attempt: int = 1
     delay_s: float = 0.0  # after the epoch began
-    replace_after_s: float = 3.0
+    replace_after_s: float | None = 3.0  # None: no replacement while the job runs
 
     def describe(self) -> str:
         what = f"rank {self.rank} SIGKILLed" if self.kind == "rank" else (
@@ -88,13 +90,35 @@ def fit_under_faults(work: str, faults: list[dict[str, Any]], slow_s: float, **k
 
 
 # -- on the driver -----------------------------------------------------------------------------
+def _rows() -> tuple[np.ndarray, np.ndarray]:
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(ROWS, 4)).astype("float32")
+    return x, (x @ np.array([1.0, -2.0, 0.5, 3.0]) + 0.1).astype("float32")
+
+
 def linear_data(job: Any, name: str) -> Any:
     import pandas as pd
 
-    rng = np.random.default_rng(0)
-    x = rng.normal(size=(ROWS, 4)).astype("float32")
-    y = (x @ np.array([1.0, -2.0, 0.5, 3.0]) + 0.1).astype("float32")
+    x, y = _rows()
     return job.prepare(pd.DataFrame({"x": x.tolist(), "y": y}), "x", "y", name)
+
+
+def exact_weights() -> dict[str, Any]:
+    """What the undisturbed 4-rank job computes, in float64 numpy: fit's start (seed 0, then
+    ``build_linear()``), then SGD at 0.01 x 4 where update k of an epoch averages block k of
+    every rank's quarter of the rows (no shuffle)."""
+    import torch
+    from sgd_reference import linear_sgd
+
+    x, y = _rows()
+    torch.manual_seed(0)
+    start = build_linear()
+    per = ROWS // RANKS
+    updates = [np.concatenate([np.arange(j * per + k * BATCH, j * per + (k + 1) * BATCH)
+                               for j in range(RANKS)]) for k in range(per // BATCH)] * EPOCHS  # fmt: skip
+    w, b = linear_sgd(start.weight.detach().numpy().T, start.bias.detach().numpy(), x, y,
+                      updates, lr=0.01 * RANKS)  # fmt: skip
+    return {"weights": [w.T.ravel().tolist(), b.ravel().tolist()]}
 
 
 def final_weights(ckpt: Path) -> list[list[float]]:
@@ -118,7 +142,7 @@ def _strike_hosts(job: Any, work: Path, faults: list[Fault], struck: list[dict[s
         victim = next(h for h in job.cluster.hosts if h.name == name)
         job.cluster.kill_host(victim.index)
         struck.append({"host": name, "at": time.monotonic()})
-        if not stop.wait(f.replace_after_s):
+        if f.replace_after_s is not None and not stop.wait(f.replace_after_s):
             _replacements(job).put(victim.index)
 
 
@@ -137,7 +161,8 @@ def _replacements(job: Any) -> queue.Queue[int]:
 
 
 def run_job(job: Any, name: str, faults: list[Fault], max_restarts: int,
-            slow_s: float = 0.3, start_timeout: float = 120) -> dict[str, Any]:  # fmt: skip
+            slow_s: float = 0.3, start_timeout: float = 120, min_np: int | None = None,
+            ) -> dict[str, Any]:  # fmt: skip
     """One fit job under ``faults``; what happened, for :func:`judge`."""
     import mlflow
 
@@ -158,14 +183,15 @@ def run_job(job: Any, name: str, faults: list[Fault], max_restarts: int,
     out: dict[str, Any] = {"faults": [f.describe() for f in faults], "max_restarts": max_restarts}
     t0 = time.monotonic()
     runner = HorovodRunner(np=RANKS, max_restarts=max_restarts, start_timeout=start_timeout,
-                           host_timeout=8.0, timeout=600)  # fmt: skip
+                           host_timeout=8.0, timeout=600, min_np=min_np)  # fmt: skip
     with mlflow.start_run() as run:
         try:
-            runner.run(fit_under_faults, work=str(work), faults=[f.__dict__ for f in faults],
+            result = runner.run(fit_under_faults, work=str(work), faults=[f.__dict__ for f in faults],
                        slow_s=slow_s, build_model=build_linear, data=data, epochs=EPOCHS,
                        batch_size=BATCH, loss="mse", optimizer="sgd", learning_rate=0.01,
                        shuffle=False, log_model=False, verbose=0, checkpoint_dir=str(ckpt))  # fmt: skip
-            out["error"] = None
+            out.update(error=None, num_ranks=result.num_ranks,
+                       steps_per_epoch=result.steps_per_epoch)  # fmt: skip
         except HorovodRunnerError as exc:
             out.update(error=exc.summary, cause=exc.cause, attempts=exc.attempts)
     out["seconds"] = round(time.monotonic() - t0, 1)
@@ -175,7 +201,7 @@ def run_job(job: Any, name: str, faults: list[Fault], max_restarts: int,
     out.update(_run_record(run.info.run_id))
     out["weights"] = final_weights(ckpt) if out["error"] is None else None
     out["left"] = _rank_processes_anywhere(job)
-    time.sleep(max((f.replace_after_s for f in faults if f.kind == "host"), default=0))
+    time.sleep(max((f.replace_after_s or 0 for f in faults if f.kind == "host"), default=0))
     for host in job.cluster.hosts:  # a struck host whose replacement came late
         if host.worker is None or host.worker.poll() is not None:
             _replacements(job).put(host.index)
@@ -192,6 +218,7 @@ def _run_record(run_id: str) -> dict[str, Any]:
     steps = {k: sorted(m.step for m in client.get_metric_history(run_id, k)) for k in keys}
     loss = sorted(client.get_metric_history(run_id, "loss"), key=lambda m: m.step) if keys else []
     return {"status": run.info.status, "steps": steps, "loss": [m.value for m in loss],
+            "num_ranks_changed": run.data.tags.get("param_changed.num_ranks"),
             "restarts": int(run.data.tags.get("hvdrunner.restarts", "0")),
             "restart_causes": [v for k, v in sorted(run.data.tags.items())
                                if k.startswith("hvdrunner.attempt.")]}  # fmt: skip
@@ -215,8 +242,11 @@ def _rank_processes_anywhere(job: Any) -> list[int]:
         time.sleep(0.5)
 
 
-def judge(out: dict[str, Any], reference: dict[str, Any], bound_s: float) -> tuple[str, list[str]]:
-    """``("recovered" | "failed-loudly" | "defect", reasons)`` for one job's record."""
+def judge(
+    out: dict[str, Any], reference: dict[str, Any], bound_s: float, atol: float = WEIGHT_ATOL
+) -> tuple[str, list[str]]:
+    """``("recovered" | "failed-loudly" | "defect", reasons)`` for one job's record, against
+    ``reference["weights"]`` (the undisturbed job's, or :func:`exact_weights`) within ``atol``."""
     bad = []
     if out["left"]:
         bad.append(f"rank processes left: {out['left']}")
@@ -233,7 +263,7 @@ def judge(out: dict[str, Any], reference: dict[str, Any], bound_s: float) -> tup
         diff = max(abs(a - b) for w, r in zip(out["weights"], reference["weights"], strict=True)
                    for a, b in zip(w, r, strict=True))  # fmt: skip
         out["max_weight_diff"] = diff
-        if diff > WEIGHT_ATOL:
+        if diff > atol:
             bad.append(f"weights differ from the undisturbed job's by {diff:.2e}")
         return ("defect" if bad else "recovered"), bad
     named = ("Lost host", "died (SIGKILL", "max_restarts")
