@@ -5,8 +5,9 @@ Two hosts (network namespaces, tests/helpers/netns_cluster.py, loopback name mod
 each; the job and its judge are tests/helpers/faults_on_cluster.py: fit of a linear model,
 8 epochs, a checkpoint per epoch, MLflow in sqlite. Every job draws, from ``--seed``:
 
-- its first fault: a rank SIGKILLed, or the whole host of a rank killed (a replacement
-  worker starts 3 s later), in a random epoch, a random moment into it;
+- its first fault: a rank SIGKILLed (jobs 0, 1, 4, 5, ...), or the whole host of a rank
+  killed (jobs 2, 3, 6, 7, ...; a replacement worker starts 3 s later), of a random rank,
+  in a random epoch, a random moment into it;
 - ``max_restarts``: 2 for even jobs, 0 for odd ones; jobs with restarts may draw a second
   fault in attempt 2.
 
@@ -42,13 +43,15 @@ BOUND_S = 300.0
 SLOW_S = 0.3  # each epoch lasts at least this: faults land mid-training
 
 
-def draw(rng: random.Random, restarts: int) -> list[foc.Fault]:
-    """One job's faults: the first in attempt 1; with restarts, maybe a second in attempt 2."""
+def draw(rng: random.Random, restarts: int, first: str) -> list[foc.Fault]:
+    """One job's faults: the first (of kind ``first``) in attempt 1; with restarts, maybe a
+    second of a random kind in attempt 2."""
     faults = []
     for attempt in (1, 2) if restarts else (1,):
         if attempt == 2 and rng.random() < 0.5:
             break
-        faults.append(foc.Fault(kind=rng.choice(["rank", "host"]), rank=rng.randrange(foc.RANKS),
+        kind = first if attempt == 1 else rng.choice(["rank", "host"])
+        faults.append(foc.Fault(kind=kind, rank=rng.randrange(foc.RANKS),
                                 epoch=rng.randrange(1, foc.EPOCHS - 1), attempt=attempt,
                                 delay_s=round(rng.uniform(0, SLOW_S), 2)))  # fmt: skip
     return faults
@@ -76,8 +79,9 @@ def main() -> int:
         reference = foc.run_job(job, "undisturbed", [], max_restarts=0, slow_s=SLOW_S)
         assert reference["error"] is None, reference
         for i in range(args.jobs):
+            # Every pairing of restarts (even jobs) and the first fault's kind comes up.
             restarts = 2 if i % 2 == 0 else 0
-            faults = draw(rng, restarts)
+            faults = draw(rng, restarts, first="rank" if i // 2 % 2 == 0 else "host")
             out = foc.run_job(job, f"job{i}", faults, max_restarts=restarts, slow_s=SLOW_S)
             verdict, reasons = foc.judge(out, reference, BOUND_S)
             row = {"job": i, "max_restarts": restarts, "faults": out["faults"],

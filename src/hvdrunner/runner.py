@@ -174,7 +174,6 @@ class HorovodRunner:
         payload = dumps_payload(main, kwargs)  # before any process or Spark job starts
         track_env = tracking.driver_context()
         secrets = secrets_in(track_env)
-        started = time.monotonic()
         try:
             return self._attempts(payload, track_env, secrets)
         except BaseException as err:
@@ -183,21 +182,21 @@ class HorovodRunner:
             if track_env:
                 tracking.mark_failed(_summary(err), secrets)
             raise
-        finally:
-            _log.debug(f"run() returned after {time.monotonic() - started:.1f}s")
 
     def _attempts(self, payload: bytes, track_env: dict[str, str], secrets: list[str]) -> Any:
         """The job, started again after each restartable failure (``max_restarts``)."""
         failed: list[restarts.Attempt] = []
         while True:
             number = len(failed) + 1
-            target = self._target(restarting=bool(failed))
-            try:
+            np = failed[-1].np if failed else self.num_processor
+            try:  # on a restart, waiting for the slots is part of the attempt
+                target = self._target(restarting=bool(failed))
+                np = target.np
                 result = self._attempt(target, payload, track_env, secrets, number)
             except HorovodRunnerError as err:
                 if not self.max_restarts:
                     raise
-                failed.append(restarts.judge(err, failed, self.max_restarts, number, target.np))
+                failed.append(restarts.judge(err, failed, self.max_restarts, number, np))
                 if not failed[-1].restart:
                     raise restarts.final_error(err, failed) from err
                 _log.warning(f"restarting the job (restart {number} of at most "
