@@ -66,6 +66,7 @@ lint: $(STAMP)
 bench: $(STAMP)        ## every benchmark on $(STACK); results in benchmarks/results/*-$(STACK).json
 ifeq ($(STACK),torch)
 	$(PY) benchmarks/torch_comparison.py   # fit vs bare horovod.torch; vs TorchDistributor
+	$(PY) benchmarks/chaos.py              # needs root: faults on two hosts, max_restarts
 else
 	$(PY) benchmarks/launch_overhead.py
 	$(PY) benchmarks/data_throughput.py
