@@ -35,6 +35,16 @@ def task_slots(sc: Any) -> tuple[int, str]:
     return slots, why
 
 
+def _wait_for_slots(sc: Any, want: int, wait_s: float) -> tuple[int, str]:
+    """:func:`task_slots`, polled each second until there are ``want`` or ``wait_s`` passed."""
+    deadline = time.monotonic() + wait_s
+    slots, why = task_slots(sc)
+    while slots < want and time.monotonic() < deadline:
+        time.sleep(1.0)
+        slots, why = task_slots(sc)
+    return slots, why
+
+
 def preflight(sc: Any, np: int, wait_s: float = EXECUTOR_WAIT_S) -> None:
     """Fail before launching when barrier mode cannot run ``np`` tasks at once.
 
@@ -50,12 +60,9 @@ def preflight(sc: Any, np: int, wait_s: float = EXECUTOR_WAIT_S) -> None:
             "Databricks: a fixed-size cluster without autoscaling), or use np<0 to run on "
             "the driver only."
         )
-    deadline = time.monotonic() + min(wait_s, EXECUTOR_WAIT_S)
-    slots, why = task_slots(sc)
     # Executors of a freshly started cluster register over a few seconds.
-    while slots < np and time.monotonic() < deadline and not sc.master.startswith("local["):
-        time.sleep(1.0)
-        slots, why = task_slots(sc)
+    wait = 0.0 if sc.master.startswith("local[") else min(wait_s, EXECUTOR_WAIT_S)
+    slots, why = _wait_for_slots(sc, np, wait)
     if slots < np:
         raise ValueError(
             f"np={np} needs {np} Spark tasks at once, but the cluster offers {slots} task "
@@ -75,11 +82,7 @@ def slots_for_restart(sc: Any, np: int, min_np: int | None, wait_s: float) -> in
         ValueError: fewer slots than ``min_np`` (or ``np``) after ``wait_s``, naming both.
     """
     least = np if min_np is None else min_np
-    deadline = time.monotonic() + wait_s
-    slots, why = task_slots(sc)
-    while slots < least and time.monotonic() < deadline:
-        time.sleep(1.0)
-        slots, why = task_slots(sc)
+    slots, why = _wait_for_slots(sc, least, wait_s)
     if slots < least:
         raise ValueError(
             f"After the failure the cluster offers {slots} task slots ({why}), fewer than "
