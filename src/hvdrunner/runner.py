@@ -175,7 +175,8 @@ class HorovodRunner:
         track_env = tracking.driver_context()
         secrets = secrets_in(track_env)
         try:
-            return self._attempts(payload, track_env, secrets)
+            with _sigterm_raises():  # also between attempts, while a restart waits for slots
+                return self._attempts(payload, track_env, secrets)
         except BaseException as err:
             # A tracking failure while recording the error is a warning (chained), never a
             # replacement, and the run is never left RUNNING or active.
@@ -279,13 +280,12 @@ class HorovodRunner:
         started = time.monotonic()
         ok = False
         try:
-            with _sigterm_raises():
-                launch.start()
-                result = service.wait(
-                    self.start_timeout, launch.error,
-                    exit_grace=self.exit_grace, timeout=self.timeout,
-                    stall_timeout=self.stall_timeout, host_timeout=self.host_timeout,
-                )  # fmt: skip
+            launch.start()
+            result = service.wait(
+                self.start_timeout, launch.error,
+                exit_grace=self.exit_grace, timeout=self.timeout,
+                stall_timeout=self.stall_timeout, host_timeout=self.host_timeout,
+            )  # fmt: skip
             ok = True
         finally:
             if not ok:  # also on KeyboardInterrupt in the notebook: no rank outlives run()
