@@ -108,7 +108,7 @@ def torch_job():
     where only the patched horovod works)."""
     _need_namespaces()
     results, cluster = _run_job("loopback", "torch_recipe", "torch_fit", "torch_restarts",
-                                "torch_min_np")  # fmt: skip
+                                "torch_min_np", "torch_concurrent")  # fmt: skip
     return "loopback", results, cluster
 
 
@@ -312,3 +312,13 @@ def test_min_np_goes_on_with_the_ranks_left_after_a_host_is_lost_for_good(torch_
     assert out["num_ranks_changed"] == "2"  # params are immutable: the change is a tag
     assert all(steps == list(range(8)) for steps in out["steps"].values()), out["steps"]
     assert out["left"] == []
+
+
+@pytest.mark.torch
+@pytest.mark.timeout(900)
+def test_two_jobs_at_once_on_two_hosts_keep_their_own_results_while_one_restarts(torch_job):
+    out = value(torch_job, "torch_concurrent")
+    a, b = out["a"], out["b"]
+    assert "error" not in a and "error" not in b, out
+    assert (a["total"], a["again"], a["attempt"]) == (2.0, 2.0, 1)  # 1.0 on each of its ranks
+    assert (b["total"], b["again"], b["attempt"]) == (6.0, 6.0, 2)  # 3.0 each, after a restart

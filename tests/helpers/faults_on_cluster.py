@@ -272,3 +272,48 @@ def judge(
     if out["status"] != "FAILED":
         bad.append(f"failed but the run is {out['status']}")
     return ("defect" if bad else "failed-loudly"), bad
+
+
+# -- two jobs at once --------------------------------------------------------------------------
+def summed(value: float, die_once: bool, hold_s: float) -> dict[str, Any]:
+    """In the ranks: allreduce ``value`` twice, ``hold_s`` apart (holding the slots); rank 1
+    of attempt 1 is SIGKILLed first when ``die_once``."""
+    import socket
+
+    import horovod.torch as hvd
+    import torch
+
+    from hvdrunner.distributed import attempt
+
+    hvd.init()
+    if die_once and attempt() == 1 and hvd.rank() == 1:
+        os.kill(os.getpid(), signal.SIGKILL)
+    total = hvd.allreduce(torch.tensor(value), op=hvd.Sum).item()
+    time.sleep(hold_s)
+    again = hvd.allreduce(torch.tensor(value), op=hvd.Sum).item()
+    return {"total": total, "again": again, "attempt": attempt(),
+            "hosts": hvd.allgather_object(socket.gethostname())}  # fmt: skip
+
+
+def concurrent_jobs() -> dict[str, Any]:
+    """Jobs a and b (np=2 each) at once from two threads on the 4 slots of the two hosts; b's
+    rank 1 SIGKILLed in its first attempt (max_restarts=1). Each job's sums must be its own."""
+    from hvdrunner import HorovodRunner
+
+    out: dict[str, Any] = {}
+
+    def job(name: str, value: float, restarts: int) -> None:
+        try:
+            out[name] = HorovodRunner(np=2, start_timeout=120, max_restarts=restarts).run(
+                summed, value=value, die_once=restarts > 0, hold_s=6.0
+            )
+        except Exception as exc:  # noqa: BLE001 - reported per job
+            out[name] = {"error": f"{type(exc).__name__}: {exc}"[:2000]}
+
+    threads = [threading.Thread(target=job, args=("a", 1.0, 0)),
+               threading.Thread(target=job, args=("b", 3.0, 1))]  # fmt: skip
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=300)
+    return out

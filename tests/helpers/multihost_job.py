@@ -13,11 +13,13 @@ scenario on 2 hosts x 2 ranks and prints one ``RESULT <scenario> <json>`` line p
 - ``hidden_cache``: prepared data that one host cannot see (its view of the dir is empty).
 - ``host_lost``: a whole host killed mid-training, then the same job on the healed cluster.
 - ``link_cut``: the same with the host's link cut (``ip link set ... down``) and restored.
-- ``torch_recipe``, ``torch_fit``, ``torch_restarts``, ``torch_min_np`` (torch stack; not
-  in the default list): the standard ``horovod.torch`` recipe on 4 ranks;
+- ``torch_recipe``, ``torch_fit``, ``torch_restarts``, ``torch_min_np``,
+  ``torch_concurrent`` (torch stack; not in the default list): the standard
+  ``horovod.torch`` recipe on 4 ranks;
   ``hvdrunner.torch.fit`` on 4 ranks (batch b) against 1 rank (batch 4b); fit with
   ``max_restarts=2`` through a SIGKILLed rank and a killed host; fit going on with the 2
-  ranks left after a host is lost for good (``min_np=2``) (tests/helpers/faults_on_cluster.py).
+  ranks left after a host is lost for good (``min_np=2``); two jobs of 2 ranks at once, one
+  restarting (tests/helpers/faults_on_cluster.py).
 
 Exits 3 (skip) where network namespaces cannot be made.
 """
@@ -271,6 +273,12 @@ class Job:
 
         fault = foc.Fault("host", 2, 2, attempt=1, replace_after_s=None)
         return foc.run_job(self, "min-np", [fault], max_restarts=1, min_np=2)
+
+    def torch_concurrent(self) -> Any:
+        """Two jobs of np=2 at once on the two hosts, one of them restarting."""
+        import faults_on_cluster as foc
+
+        return foc.concurrent_jobs()
 
     def _failure(self, fn: Any, **kwargs: Any) -> dict[str, Any]:
         from hvdrunner import HorovodRunner, HorovodRunnerError
