@@ -135,8 +135,12 @@ class CheckpointDir:
         )
         return None
 
-    def save(self, write: Callable[[str], dict[str, Any]], epochs_done: int) -> str:
+    def save(
+        self, write: Callable[[str], dict[str, Any]], epochs_done: int,
+        metrics: dict[str, Any] | None = None,
+    ) -> str:  # fmt: skip
         """``write(tmp_dir)`` writes the files and returns extra state; the final path.
+        ``metrics``: the epoch metrics the checkpoint carries (:func:`carried_metrics`).
 
         Every regular file ``write`` leaves in ``tmp_dir`` is fsynced and recorded; the folder
         becomes visible (renamed) only after it verified from disk.
@@ -152,7 +156,8 @@ class CheckpointDir:
                 full = os.path.join(tmp, name)
                 _fsync(full)
                 files[name] = {"size": os.path.getsize(full), "sha256": sha256(full)}
-            state = {**extra, "epochs_done": epochs_done, "files": files}
+            state = {**extra, "metrics": metrics or {}, "epochs_done": epochs_done,
+                     "files": files}  # fmt: skip
             with open(os.path.join(tmp, STATE), "w") as f:
                 json.dump(state, f)
                 f.flush()

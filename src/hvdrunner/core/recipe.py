@@ -110,6 +110,15 @@ def checkpoint_due(done: int, every: int, epochs: int) -> bool:
     return done % every == 0 or done == epochs
 
 
+def save_checkpoint(
+    store: Any, ledger: MetricLedger, model: Any, optimizer: Any, done: int
+) -> None:
+    """Rank 0: checkpoint ``done`` carrying the epochs' metrics not logged yet, then log them
+    (now durable). Both fits' checkpoint step."""
+    store.save(model, optimizer, done, metrics=ledger.carried())
+    ledger.saved()
+
+
 def preflight(
     kwargs: dict[str, Any], name: str, inputs: tuple[str, ...],
     make_config: Callable[[Any, dict[str, Any]], TrainingSettings],
@@ -132,4 +141,4 @@ def _name(spec: Any) -> Any:
     return getattr(spec, "__name__", spec)
 
 
-__all__ = ["Built", "Framework", "checkpoint_due", "preflight", "run"]
+__all__ = ["Built", "Framework", "checkpoint_due", "preflight", "run", "save_checkpoint"]

@@ -49,10 +49,9 @@ class CheckpointStore:
             model.save_weights(os.path.join(tmp, WEIGHTS))
             values = [np.asarray(v.numpy()) for v in compat.optimizer_variables(optimizer)]
             np.savez(os.path.join(tmp, OPTIMIZER), *values)
-            return {"format": _FORMAT, "optimizer_variables": len(values),
-                    "metrics": metrics or {}}  # fmt: skip
+            return {"format": _FORMAT, "optimizer_variables": len(values)}
 
-        return self.dir.save(write, epochs_done)
+        return self.dir.save(write, epochs_done, metrics)
 
     def restore(self, path: str, model: Any, optimizer: Any) -> int:
         """Load a verified checkpoint into a compiled model with a built optimizer; its epoch."""

@@ -278,7 +278,6 @@ def _checkpoint_callback(store: Any, optimizer: Any, every: int, epochs: int, le
         def on_epoch_end(self, epoch: int, logs: dict[str, Any] | None = None) -> None:
             done = epoch + 1
             if is_rank0() and recipe.checkpoint_due(done, every, epochs):
-                store.save(self.model, optimizer, done, metrics=ledger.carried())
-                ledger.saved()
+                recipe.save_checkpoint(store, ledger, self.model, optimizer, done)
 
     return CheckpointCallback()

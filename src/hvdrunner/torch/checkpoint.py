@@ -45,10 +45,9 @@ class CheckpointStore:
         def write(tmp: str) -> dict[str, Any]:
             torch.save(model.state_dict(), os.path.join(tmp, MODEL))
             torch.save(optimizer.state_dict(), os.path.join(tmp, OPTIMIZER))
-            return {"format": _FORMAT, "framework": f"torch {torch.__version__}",
-                    "metrics": metrics or {}}  # fmt: skip
+            return {"format": _FORMAT, "framework": f"torch {torch.__version__}"}
 
-        return self.dir.save(write, epochs_done)
+        return self.dir.save(write, epochs_done, metrics)
 
     def restore(self, path: str, model: torch.nn.Module, optimizer: Any) -> int:
         """Load a verified checkpoint into ``model`` and ``optimizer``; the epochs it holds."""

@@ -70,11 +70,11 @@ class Trainer:
     def __init__(
         self, model: torch.nn.Module, optimizer: Any, cfg: FitConfig, lr: float,
         device: torch.device, steps: int, store: Any, group_lrs: list[float],
-        ledger: MetricLedger | None = None,
+        ledger: MetricLedger,
     ) -> None:  # fmt: skip
         self.model, self.opt, self.cfg, self.lr = model, optimizer, cfg, lr
         self.device, self.steps, self.store = device, steps, store
-        self.ledger = ledger or MetricLedger(durable=store is not None)
+        self.ledger = ledger
         self.loss = resolve(cfg.loss, LOSSES)[1]
         self.metrics = [resolve(m, {"accuracy": accuracy}) for m in cfg.metrics]
         self.group_lrs = list(group_lrs)
@@ -169,8 +169,7 @@ class Trainer:
         self.ledger.epoch_end(epoch, logs)
         every = self.cfg.checkpoint_every
         if self.store is not None and recipe.checkpoint_due(done, every, self.cfg.epochs):
-            self.store.save(self.model, self.opt, done, metrics=self.ledger.carried())
-            self.ledger.saved()
+            recipe.save_checkpoint(self.store, self.ledger, self.model, self.opt, done)
 
 
 def _example(x: Any) -> Any:
