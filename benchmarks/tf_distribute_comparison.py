@@ -113,7 +113,10 @@ def hvd_keras_recipe(path: str, epochs: int) -> dict:
     hvd.init()
     x, y = _rows(path)
     per = len(x) // hvd.size()  # equal shards: no rank waits for one that ran out
-    x, y = x[hvd.rank() * per : (hvd.rank() + 1) * per], y[hvd.rank() * per : (hvd.rank() + 1) * per]
+    x, y = (
+        x[hvd.rank() * per : (hvd.rank() + 1) * per],
+        y[hvd.rank() * per : (hvd.rank() + 1) * per],
+    )
     model = _model(keras)
     opt = hvd.DistributedOptimizer(keras.optimizers.Adam(LR))
     model.compile(optimizer=opt, loss=_loss(keras))
@@ -197,7 +200,8 @@ def _probe() -> None:
         pq.write_table(pa.table({"x": flat, "y": y}), os.path.join(tmp, "rows.parquet"))
         try:
             MirroredStrategyRunner(num_slots=PROCS, use_gpu=False).run(
-                mirrored_strategy, path=tmp, epochs=1)
+                mirrored_strategy, path=tmp, epochs=1
+            )
             result = {"ok": True, "error": None}
         except Exception as e:  # noqa: BLE001 - the probe records what the user would see
             lines = [ln for ln in str(e).splitlines() if ln.startswith(("ValueError", "TypeError"))]
@@ -233,7 +237,9 @@ def main() -> None:
         import pyarrow.parquet as pq
 
         flat = pa.FixedSizeListArray.from_arrays(pa.array(x[: args.rows].reshape(-1)), 784)
-        pq.write_table(pa.table({"x": flat, "y": y[: args.rows]}), os.path.join(tmp, "rows.parquet"))
+        pq.write_table(
+            pa.table({"x": flat, "y": y[: args.rows]}), os.path.join(tmp, "rows.parquet")
+        )
         data = prepare(spark.read.parquet(tmp), features="x", label="y",
                        cache_dir="/tmp/hvdrunner-bench-tfd", refresh=True)  # fmt: skip
     rows = data.steps_per_epoch(BATCH, PROCS) * BATCH * PROCS
@@ -241,10 +247,12 @@ def main() -> None:
     distributor = MirroredStrategyRunner(num_slots=PROCS, use_gpu=False)
     contenders = {
         "hvdrunner_keras_fit": lambda: runner.run(hvdrunner_fit, data=data, epochs=args.epochs),
-        "hvd_keras_recipe": lambda: runner.run(hvd_keras_recipe, path=data.local_path,
-                                               epochs=args.epochs),  # fmt: skip
-        "mirrored_strategy_runner": lambda: distributor.run(mirrored_strategy, path=data.local_path,
-                                                            epochs=args.epochs),  # fmt: skip
+        "hvd_keras_recipe": lambda: runner.run(
+            hvd_keras_recipe, path=data.local_path, epochs=args.epochs
+        ),  # fmt: skip
+        "mirrored_strategy_runner": lambda: distributor.run(
+            mirrored_strategy, path=data.local_path, epochs=args.epochs
+        ),  # fmt: skip
     }
     runs: dict[str, list[dict]] = {name: [] for name in contenders}
     for _ in range(args.reps):

@@ -12,7 +12,7 @@ Data: N rows x 784 float32 features (synthetic, 10 classes), prepared once as Pa
 model an MLP 784-256-10, batch 64 per process, SGD. Results in
 benchmarks/results/torch_comparison-torch.json.
 
-    .venv-torch/bin/python benchmarks/torch_comparison.py [--rows 40000 --epochs 4 --reps 3]
+    .venv-torch/bin/python benchmarks/torch_comparison.py [--rows 40000 --epochs 5 --reps 5]
 """
 
 from __future__ import annotations
@@ -55,9 +55,14 @@ def _epochs_timed(run_epoch, epochs: int) -> list[float]:
     return out
 
 
-def bare_horovod(local_path: str, epochs: int):
-    """The standard horovod.torch recipe; returns (seconds per epoch, steps, start time)."""
+def bare_horovod(local_path: str, epochs: int, cycle_time_ms: float | None = None):
+    """The standard horovod.torch recipe; returns (seconds per epoch, steps, start time).
+    ``cycle_time_ms``: ``HOROVOD_CYCLE_TIME`` as an environment default would set it."""
     started = time.time()
+    import os
+
+    if cycle_time_ms is not None:
+        os.environ["HOROVOD_CYCLE_TIME"] = str(cycle_time_ms)
     import horovod.torch as hvd
     import torch
 
@@ -83,10 +88,14 @@ def bare_horovod(local_path: str, epochs: int):
     return _epochs_timed(epoch, epochs), len(loader), started
 
 
-def hvdrunner_fit(data, epochs: int):
-    """hvdrunner.torch.fit on the same job; epoch times measured around fit's own loop."""
+def hvdrunner_fit(data, epochs: int, grouped: bool = True):
+    """hvdrunner.torch.fit on the same job; epoch times measured around fit's own loop.
+    ``grouped=False``: one allreduce request per gradient, as before fit grouped them."""
     started = time.time()
-    from hvdrunner.torch import fit, loop
+    from hvdrunner.torch import collectives, fit, loop
+
+    if not grouped:
+        collectives.buckets = lambda model: None  # DistributedOptimizer(groups=None)
 
     times: list[float] = []
     original = loop.Trainer._train_epoch
@@ -151,8 +160,9 @@ def _summary(runs: list[tuple[float, list[float], int, float]], rows_per_epoch: 
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--rows", type=int, default=40_000)
-    parser.add_argument("--epochs", type=int, default=4)
-    parser.add_argument("--reps", type=int, default=3)
+    parser.add_argument("--epochs", type=int, default=5)
+    parser.add_argument("--reps", type=int, default=5)
+    parser.add_argument("--cycle-time-ms", type=float, default=0.5)
     args = parser.parse_args()
 
     from pyspark.ml.torch.distributor import TorchDistributor
@@ -181,16 +191,20 @@ def main() -> None:
 
     runner = HorovodRunner(np=2)
     distributor = TorchDistributor(num_processes=2, local_mode=False, use_gpu=False)
-    results: dict[str, list] = {"fit": [], "bare": [], "ddp": []}
-    for _ in range(args.reps):  # interleaved, so drift hits all three alike
-        results["fit"].append(
-            timed(lambda: runner.run(hvdrunner_fit, data=data, epochs=args.epochs))
-        )
-        results["bare"].append(timed(lambda: runner.run(bare_horovod, local_path=data.local_path,
-                                                        epochs=args.epochs)))  # fmt: skip
-        results["ddp"].append(
-            timed(lambda: distributor.run(ddp_loop, data.local_path, args.epochs))
-        )
+    path, epochs = data.local_path, args.epochs
+    contenders = {
+        "fit": lambda: runner.run(hvdrunner_fit, data=data, epochs=epochs),
+        "fit_ungrouped": lambda: runner.run(hvdrunner_fit, data=data, epochs=epochs, grouped=False),
+        "bare": lambda: runner.run(bare_horovod, local_path=path, epochs=epochs),
+        "bare_cycle": lambda: runner.run(
+            bare_horovod, local_path=path, epochs=epochs, cycle_time_ms=args.cycle_time_ms
+        ),  # fmt: skip
+        "ddp": lambda: distributor.run(ddp_loop, path, epochs),
+    }
+    results: dict[str, list] = {name: [] for name in contenders}
+    for _ in range(args.reps):  # interleaved, so drift hits all alike
+        for name, call in contenders.items():
+            results[name].append(timed(call))
     summary = {k: _summary(v, rows) for k, v in results.items()}
     out = {
         "what": (
@@ -200,9 +214,12 @@ def main() -> None:
             f"the epochs; to_first_line_s = call until the function's first line"
         ),
         "hvdrunner_torch_fit": summary["fit"],
+        "hvdrunner_torch_fit_ungrouped": summary["fit_ungrouped"],
         "bare_horovod_torch": summary["bare"],
+        f"bare_horovod_torch_cycle_{args.cycle_time_ms}ms": summary["bare_cycle"],
         "torch_distributor_ddp": summary["ddp"],
         "fit_vs_bare_throughput": round(summary["fit"]["rows_per_s"] / summary["bare"]["rows_per_s"], 3),
+        "fit_vs_ddp_throughput": round(summary["fit"]["rows_per_s"] / summary["ddp"]["rows_per_s"], 3),
         "horovodrunner_vs_torchdistributor_launch": round(
             summary["bare"]["launch_s"] / summary["ddp"]["launch_s"], 3),
         "horovod_vs_ddp_step_time": round(summary["bare"]["step_ms"] / summary["ddp"]["step_ms"], 3),

@@ -363,3 +363,24 @@ def test_a_model_that_is_not_torch_is_refused_naming_the_alternative(digits):
                                  batch_size=32, loss="cross_entropy")  # fmt: skip
     assert info.value.exc_type == "TypeError"
     assert "not a torch.nn.Module" in str(info.value) and "Spark MLlib" in str(info.value)
+
+
+def test_gradients_go_out_in_ddp_like_buckets_each_parameter_once():
+    # fit's DistributedOptimizer gets these groups: each a grouped allreduce once all its
+    # gradients exist (one request per bucket, not per tensor). Pure: no ranks needed.
+    import torch
+
+    from hvdrunner.torch.collectives import buckets
+
+    model = torch.nn.Sequential(torch.nn.Linear(256, 512), torch.nn.Linear(512, 512),
+                                torch.nn.Linear(512, 10))  # fmt: skip
+    model[0].bias.requires_grad_(False)  # frozen: never exchanged
+    mb = 2**20
+    groups = buckets(model, cap_mb=1.0)  # 512x512 float32 = 1 MB: a bucket of its own
+    names = {id(p): n for n, p in model.named_parameters()}
+    assert [[names[id(p)] for p in g] for g in groups] == [
+        ["2.bias", "2.weight", "1.bias"], ["1.weight"], ["0.weight"],
+    ]  # fmt: skip
+    for g in groups:
+        assert len(g) == 1 or sum(p.numel() * 4 for p in g) <= mb
+    assert len(buckets(model)) == 1  # 25 MB, DDP's default: the whole model in one request
