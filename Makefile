@@ -65,7 +65,8 @@ lint: $(STAMP)
 
 bench: $(STAMP)        ## every benchmark on $(STACK); results in benchmarks/results/*-$(STACK).json
 ifeq ($(STACK),torch)
-	$(PY) benchmarks/torch_comparison.py   # fit vs bare horovod.torch; vs TorchDistributor
+	$(PY) benchmarks/torch_comparison.py   # fit vs bare horovod.torch; vs TorchDistributor (DDP)
+	$(PY) benchmarks/synthetic_resnet50.py # Horovod's ResNet-50 protocol: HorovodRunner, horovodrun, DDP
 	$(PY) benchmarks/chaos.py              # needs root: faults on two hosts, max_restarts
 else
 	$(PY) benchmarks/launch_overhead.py
@@ -73,6 +74,11 @@ else
 	$(PY) benchmarks/scaling.py
 	$(PY) benchmarks/knobs_accuracy.py
 	$(PY) benchmarks/multihost.py      # needs root: two hosts in network namespaces
+	$(PY) benchmarks/synthetic_resnet50.py  # Horovod's ResNet-50 protocol: HorovodRunner, horovodrun
+ifeq ($(STACK),modern)
+	$(PY) benchmarks/tf_distribute_comparison.py  # Keras: fit, the recipe, MirroredStrategyRunner
+	$(PY) benchmarks/ring_model.py     # 4..32 hosts on paper, from multihost + synthetic results
+endif
 endif
 
 gpu-check:            ## on a GPU machine: NCCL wheel, ranks pinned to GPUs, NCCL allreduce, timed fits (< 10 min)

@@ -27,13 +27,19 @@ of one host (one rank per host here); the switch (a non-blocking fabric assumed)
 and jitter, which grow with n; per-hop latency beyond the measured loopback figure; and the
 hierarchical/NCCL paths of GPU clusters.
 
-    .venv-modern/bin/python benchmarks/ring_model.py
+With ``--hosts 3`` (needs root) it also measures the allreduce of the MLP's gradients alone
+on 2 and 3 network-namespace hosts (one core, one rank each) over 1 Gbit/s links, where the
+wire dominates, and checks the model's (n - 1) / n growth against it.
+
+    .venv-modern/bin/python benchmarks/ring_model.py [--hosts 3]
 """
 
 from __future__ import annotations
 
+import argparse
 import json
 import statistics
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -139,7 +145,45 @@ def predict(measured: Exchange, compute: dict[str, float]) -> list[dict]:
     return rows
 
 
+def measure_allreduce(ex: Exchange, hosts: int, gbit: float = 1.0) -> list[dict]:
+    """The gradients' grouped allreduce alone on 2..``hosts`` netns hosts, against the model."""
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "helpers"))
+    from netns_cluster import NetnsCluster, Shape
+    from pyspark.sql import functions as F
+    from scaling import WIDTH, alone
+
+    from hvdrunner import HorovodRunner
+    from hvdrunner.data import prepare
+    from hvdrunner.spark import local_session
+
+    out = []
+    with NetnsCluster(hosts=hosts, cores=1, shape=Shape(rate_mbit=int(gbit * 1000))) as cluster:
+        spark = local_session(cluster.master_url, app_name="bench-ring", **cluster.driver_conf())
+        spark.sparkContext.setLogLevel("ERROR")
+        cluster.wait_for_executors(spark.sparkContext)
+        df = spark.range(4096).select(
+            F.transform(F.sequence(F.lit(1), F.lit(WIDTH)), lambda j: (F.col("id") * j % 997) / 997.0
+                        ).cast("array<float>").alias("pixels"),
+            (F.col("id") % 10).cast("int").alias("label"),
+        )  # fmt: skip
+        data = prepare(df, features="pixels", label="label", shared=True,
+                       cache_dir=str(Path(cluster.work) / "data"))  # fmt: skip
+        for n in range(2, hosts + 1):
+            measured = HorovodRunner(np=n, start_timeout=120).run(alone, data=data)
+            predicted = exchange_ms(ex, n, MLP_BYTES, gbit)
+            out.append({"hosts": n, "link_gbit": gbit,
+                        "measured_ms": measured["allreduce_alone_ms"],
+                        "predicted_ms": round(predicted, 1),
+                        "error": round(predicted / measured["allreduce_alone_ms"] - 1, 3)})  # fmt: skip
+            print(json.dumps(out[-1]), flush=True)
+        spark.stop()
+    return out
+
+
 def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--hosts", type=int, default=0, help="measure on 2..N netns hosts")
+    args = parser.parse_args()
     multihost = json.loads((RESULTS / "multihost-modern.json").read_text())
     synthetic = json.loads((RESULTS / "synthetic_resnet50-torch.json").read_text())
     ex = fit_exchange(multihost["rows"])
@@ -163,6 +207,7 @@ def main() -> None:
         "check_median_abs_error": round(statistics.median(abs(r["error"]) for r in checked), 3),
         "resnet50_compute_ms": round(per_image_ms * resnet_batch, 1),
         "predicted": predict(ex, {"mlp": mlp_compute, "resnet50": per_image_ms * resnet_batch}),
+        "check_more_hosts": measure_allreduce(ex, args.hosts) if args.hosts >= 2 else None,
         "horovod_published": "about 90% scaling efficiency for Inception V3 and ResNet-101 on "
         "512 GPUs (horovod README; 25 Gbit/s RoCE, NCCL)",
     }

@@ -20,6 +20,10 @@ The same step runs under three launchers, 1 and 2 ranks, interleaved rep by rep:
   docs use: it must cost no throughput next to HorovodRunner);
 - ``ddp`` (torch only): the same loop with ``DistributedDataParallel`` under ``torchrun``.
 
+On the modern stack the TF loop runs in tf_keras mode (``TF_USE_LEGACY_KERAS=1``):
+``horovod.tensorflow.DistributedGradientTape`` fails on Keras 3 variables (``'Variable' object
+has no attribute 'ref'``), which the results record from one run under Keras 3.
+
 Results: ``benchmarks/results/synthetic_resnet50-<stack>.json`` (torch on the torch stack, TF
 on modern).
 
@@ -174,8 +178,10 @@ def _one_rank_main() -> None:
         print("RESULT " + json.dumps(out), flush=True)
 
 
-def _external(cmd: list[str]) -> dict:
+def _external(cmd: list[str], keras3: bool = False) -> dict:
     env = dict(os.environ, HVDRUNNER_SYNTHETIC_RANK="1")
+    if keras3:
+        env.pop("TF_USE_LEGACY_KERAS", None)
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=900, check=False)
     for line in proc.stdout.splitlines():
         if "RESULT " in line:
@@ -188,11 +194,22 @@ def main() -> None:
     parser.add_argument("--reps", type=int, default=2)
     args = parser.parse_args()
 
+    bindir = Path(sys.executable).parent
+    horovodrun = [str(bindir / "horovodrun"), "--gloo", "-np", "2", "-H", "localhost:2"]
+    keras3 = None
+    if stack() == "modern":  # Keras 3 by default: what the unchanged TF2 loop does there
+        try:
+            _external([*horovodrun, sys.executable, __file__], keras3=True)
+            keras3 = {"ok": True, "error": None}
+        except RuntimeError as e:
+            errors = [ln for ln in str(e).splitlines() if "Error: " in ln] or [str(e)]
+            keras3 = {"ok": False, "error": errors[-1].split("<stderr>:")[-1].strip()[:160]}
+        os.environ["TF_USE_LEGACY_KERAS"] = "1"  # before Spark's workers start: they inherit it
+
     from hvdrunner import HorovodRunner
     from hvdrunner.spark import local_session
 
     local_session("local[2]", app_name="bench-synthetic").sparkContext.setLogLevel("ERROR")
-    bindir = Path(sys.executable).parent
     fn = torch_step if stack() == "torch" else tf_step
     launchers = {
         "horovodrunner": lambda n: HorovodRunner(np=n).run(fn),
@@ -233,6 +250,9 @@ def main() -> None:
             / table["horovodrun"]["np2_img_sec_per_rank"], 3),
         **context(),
     }  # fmt: skip
+    if keras3 is not None:
+        out["keras"] = "tf_keras (TF_USE_LEGACY_KERAS=1)"
+        out["unchanged_loop_under_keras3"] = keras3
     if "ddp" in table:
         out["horovod_vs_ddp_np2"] = round(
             table["horovodrunner"]["np2_img_sec_per_rank"] / table["ddp"]["np2_img_sec_per_rank"], 3

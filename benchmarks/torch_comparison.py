@@ -1,6 +1,7 @@
 """PyTorch, side by side in one run on the same ranks and data (torch stack, local[2]):
 
-1. ``hvdrunner.torch.fit`` against a bare ``horovod.torch`` loop (the standard recipe:
+1. ``hvdrunner.torch.fit`` (and fit with its gradient buckets off, and with
+   ``HOROVOD_IDLE_WAIT_MS=0``) against a bare ``horovod.torch`` loop (the standard recipe:
    DistributedSampler, DataLoader, DistributedOptimizer), both under HorovodRunner(np=2):
    steady training throughput (rows/s over epochs 2..E; epoch 1 warms up). Goal >= 0.97x.
 2. HorovodRunner against pyspark's ``TorchDistributor`` (the runner Spark users pick for
@@ -88,14 +89,19 @@ def bare_horovod(local_path: str, epochs: int, cycle_time_ms: float | None = Non
     return _epochs_timed(epoch, epochs), len(loader), started
 
 
-def hvdrunner_fit(data, epochs: int, grouped: bool = True):
+def hvdrunner_fit(data, epochs: int, grouped: bool = True, idle_wait: bool = True):
     """hvdrunner.torch.fit on the same job; epoch times measured around fit's own loop.
-    ``grouped=False``: one allreduce request per gradient, as before fit grouped them."""
+    ``grouped=False``: one allreduce request per gradient (fit's buckets off);
+    ``idle_wait=False``: ``HOROVOD_IDLE_WAIT_MS=0``, horovod's stock every-cycle rounds."""
     started = time.time()
+    import os
+
     from hvdrunner.torch import collectives, fit, loop
 
     if not grouped:
         collectives.buckets = lambda model: None  # DistributedOptimizer(groups=None)
+    if not idle_wait:
+        os.environ[collectives.IDLE_WAIT_ENV] = "0"  # fit only sets a default
 
     times: list[float] = []
     original = loop.Trainer._train_epoch
@@ -141,6 +147,21 @@ def ddp_loop(local_path: str, epochs: int):
     times = _epochs_timed(epoch, epochs)
     dist.destroy_process_group()
     return times, len(loader), started
+
+
+def idle_cpu(idle_wait_ms: str, seconds: float = 4.0) -> float:
+    """Percent of a core one rank's process spends while its job does nothing at all
+    (horovod's background rounds), with ``HOROVOD_IDLE_WAIT_MS`` as given."""
+    import os
+
+    os.environ["HOROVOD_IDLE_WAIT_MS"] = idle_wait_ms
+    import horovod.torch as hvd
+
+    hvd.init()
+    hvd.allreduce(__import__("torch").zeros(1), name="warm")
+    cpu, wall = time.process_time(), time.monotonic()
+    time.sleep(seconds)
+    return round(100 * (time.process_time() - cpu) / (time.monotonic() - wall), 1)
 
 
 def _summary(runs: list[tuple[float, list[float], int, float]], rows_per_epoch: int) -> dict:
@@ -195,6 +216,9 @@ def main() -> None:
     contenders = {
         "fit": lambda: runner.run(hvdrunner_fit, data=data, epochs=epochs),
         "fit_ungrouped": lambda: runner.run(hvdrunner_fit, data=data, epochs=epochs, grouped=False),
+        "fit_no_idle_wait": lambda: runner.run(
+            hvdrunner_fit, data=data, epochs=epochs, idle_wait=False
+        ),  # fmt: skip
         "bare": lambda: runner.run(bare_horovod, local_path=path, epochs=epochs),
         "bare_cycle": lambda: runner.run(
             bare_horovod, local_path=path, epochs=epochs, cycle_time_ms=args.cycle_time_ms
@@ -206,6 +230,7 @@ def main() -> None:
         for name, call in contenders.items():
             results[name].append(timed(call))
     summary = {k: _summary(v, rows) for k, v in results.items()}
+    idle = {f"idle_wait_ms_{ms}": runner.run(idle_cpu, idle_wait_ms=ms) for ms in ("0", "20")}
     out = {
         "what": (
             f"{args.rows} rows x 784 float32, MLP 784-256-10, batch {BATCH}/process, SGD, "
@@ -215,9 +240,11 @@ def main() -> None:
         ),
         "hvdrunner_torch_fit": summary["fit"],
         "hvdrunner_torch_fit_ungrouped": summary["fit_ungrouped"],
+        "hvdrunner_torch_fit_no_idle_wait": summary["fit_no_idle_wait"],
         "bare_horovod_torch": summary["bare"],
         f"bare_horovod_torch_cycle_{args.cycle_time_ms}ms": summary["bare_cycle"],
         "torch_distributor_ddp": summary["ddp"],
+        "idle_rank_cpu_percent": idle,
         "fit_vs_bare_throughput": round(summary["fit"]["rows_per_s"] / summary["bare"]["rows_per_s"], 3),
         "fit_vs_ddp_throughput": round(summary["fit"]["rows_per_s"] / summary["ddp"]["rows_per_s"], 3),
         "horovodrunner_vs_torchdistributor_launch": round(

@@ -32,6 +32,8 @@
 #   patches/horovod-0.28.1-no-xla-mpi-ops.patch           TensorFlow >= 2.16
 #   patches/horovod-0.28.1-torch-cxx17.patch              torch >= 2.1
 #   patches/horovod-0.28.1-torch-cxx20.patch              torch >= 2.14 (after the one above)
+#   patches/horovod-0.28.1-idle-wait.patch                with PyTorch (HOROVOD_IDLE_WAIT_MS,
+#                                                         which hvdrunner.torch.fit sets; opt-in)
 # The wheel cache key carries a digest of the patches applied. The result is checked with
 # horovod's own build facts (each extension imports, gloo_built(), the patches' markers);
 # anything missing fails loudly and the cached wheel is dropped.
@@ -47,6 +49,7 @@ XLA_PATCH="$ROOT/patches/horovod-$HOROVOD_VERSION-no-xla-mpi-ops.patch"
 IFACE_PATCH="$ROOT/patches/horovod-$HOROVOD_VERSION-gloo-process-set-iface.patch"
 TORCH_PATCH="$ROOT/patches/horovod-$HOROVOD_VERSION-torch-cxx17.patch"
 TORCH20_PATCH="$ROOT/patches/horovod-$HOROVOD_VERSION-torch-cxx20.patch"
+IDLE_PATCH="$ROOT/patches/horovod-$HOROVOD_VERSION-idle-wait.patch"
 PIP=("$PY" -m pip --disable-pip-version-check)
 
 say() { printf '==> [horovod %s] %s\n' "$(date +%H:%M:%S)" "$*"; }
@@ -80,6 +83,8 @@ if os.environ.get("HVDRUNNER_EXPECT_NCCL") == "1":
         if not (ext.cuda_built() and ext.nccl_built()):
             sys.exit(f"horovod {horovod.__version__}'s {name} extension was built without CUDA/NCCL although a GPU build was asked for")
     have.append("CUDA + NCCL")
+if os.environ.get("HVDRUNNER_EXPECT_TORCH") and importlib.util.find_spec("horovod._hvdrunner_idle_wait") is None:
+    sys.exit(f"horovod {horovod.__version__} lacks patches/horovod-0.28.1-idle-wait.patch (PyTorch builds carry it)")
 facts = " ".join(f"{n} [X]" for n in have) + " gloo [X]"
 if importlib.util.find_spec("horovod._hvdrunner_gloo_iface") is None:
     print(f"horovod {horovod.__version__}: {facts} gloo-iface patch [ ]")
@@ -211,6 +216,8 @@ PATCHES=("$IFACE_PATCH"); PATCH_TAG=""
 if [ "$NEEDS_XLA_PATCH" = "1" ]; then PATCHES+=("$XLA_PATCH"); PATCH_TAG="-noxla"; fi
 if [ "$NEEDS_TORCH_PATCH" = "1" ]; then PATCHES+=("$TORCH_PATCH"); PATCH_TAG="$PATCH_TAG-torchcxx17"; fi
 if [ "$NEEDS_TORCH20_PATCH" = "1" ]; then PATCHES+=("$TORCH20_PATCH"); PATCH_TAG="$PATCH_TAG-torchcxx20"; fi
+# Framework-neutral code, applied where it is measured: PyTorch builds (torch fit's buckets).
+if [ -n "$TORCH_VERSION" ]; then PATCHES+=("$IDLE_PATCH"); PATCH_TAG="$PATCH_TAG-idlewait"; fi
 for p in "${PATCHES[@]}"; do [ -f "$p" ] || die "the horovod patch $p is missing"; done
 # The patches' own bytes are in the key: an edited patch is a different binary.
 PATCH_SUM="$(cat "${PATCHES[@]}" | sha256sum | cut -c1-10)"

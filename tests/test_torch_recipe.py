@@ -150,6 +150,7 @@ def test_the_builder_keys_and_checks_the_torch_build(tmp_path):
     py = f"py{sys.version_info[0]}{sys.version_info[1]}"
     assert key.startswith(f"horovod-0.28.1-torch{torch.__version__.replace('+', '')}-{py}-cpu-")
     assert "-torchcxx17-" in key and "-tf" not in key  # the torch patch is in the key
+    assert "-idlewait-" in key  # and the idle-wait patch (torch builds)
     check = subprocess.run(["bash", str(builder)], capture_output=True, text=True, env=env,
                            timeout=300)  # fmt: skip
     assert check.returncode == 0, check.stdout + check.stderr
@@ -157,6 +158,45 @@ def test_the_builder_keys_and_checks_the_torch_build(tmp_path):
     import importlib.util
 
     assert importlib.util.find_spec("horovod._hvdrunner_torch_cxx17") is not None
+    assert importlib.util.find_spec("horovod._hvdrunner_idle_wait") is not None
+
+
+def idle_then_collectives(idle_s: float) -> dict:
+    """Ranks that idle at different times, then meet: with HOROVOD_IDLE_WAIT_MS the loop
+    of an idle rank sleeps until its own request; every collective must still pair up."""
+    import horovod.torch as hvd
+    import torch
+
+    hvd.init()
+    r = hvd.rank()
+    out = {}
+    for i in range(3):  # rank 1 idles before each round; rank 0 waits inside the collective
+        if r == 1:
+            time.sleep(idle_s)
+        t = time.monotonic()
+        out[f"sum{i}"] = float(hvd.allreduce(torch.tensor([r + 1.0]), op=hvd.Sum, name=f"s{i}"))
+        grouped = hvd.grouped_allreduce([torch.full((3,), r + 1.0), torch.ones(5) * r],
+                                        op=hvd.Average, name=f"g{i}")  # fmt: skip
+        out[f"grouped{i}"] = [g.tolist() for g in grouped]
+        out[f"waited{i}"] = time.monotonic() - t
+    out["idle_wait_ms"] = os.environ.get("HOROVOD_IDLE_WAIT_MS")
+    return out
+
+
+@pytest.mark.timeout(120)
+def test_collectives_pair_up_across_idle_ranks_with_the_idle_wait_patch(monkeypatch):
+    # patches/horovod-0.28.1-idle-wait.patch: an idle rank's background loop waits for an
+    # enqueue (up to 20 ms) instead of a round per 1 ms cycle. Rank 1 idles 0.3 s each time,
+    # longer than the wait: the rounds must still pair up, in order, with exact results.
+    monkeypatch.setenv("HOROVOD_IDLE_WAIT_MS", "20")
+    t = time.monotonic()
+    out = HorovodRunner(np=-2).run(idle_then_collectives, idle_s=0.3)
+    assert out["idle_wait_ms"] == "20"
+    for i in range(3):
+        assert out[f"sum{i}"] == 3.0
+        assert out[f"grouped{i}"] == [[1.5] * 3, [0.5] * 5]
+        assert out[f"waited{i}"] > 0.2  # rank 0 did wait for rank 1, inside the collective
+    assert time.monotonic() - t < 60
 
 
 def _doc_block(marker: str) -> str:

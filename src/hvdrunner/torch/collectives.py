@@ -55,6 +55,12 @@ def init(seed: int = 0, num_threads: int | None = None) -> torch.device:
 
 
 BUCKET_MB = 25.0  # DDP's default bucket_cap_mb
+# patches/horovod-0.28.1-idle-wait.patch: while no tensor is pending, horovod's background
+# loop waits (at most this long) for one instead of negotiating every 1 ms cycle, and
+# starts the round for a new request at once. Set by fit, whose buckets arrive whole;
+# per-tensor requests (horovod's own DistributedOptimizer) gain nothing from it. A horovod
+# without the patch ignores it. Measured: docs/benchmarks.md, "PyTorch, side by side".
+IDLE_WAIT_ENV, IDLE_WAIT_MS = "HOROVOD_IDLE_WAIT_MS", "20"
 
 
 def buckets(model: torch.nn.Module, cap_mb: float = BUCKET_MB) -> list[list[torch.Tensor]]:

@@ -10,6 +10,8 @@ generated from them); the work is a few named steps, each a function below or in
 
 from __future__ import annotations
 
+import os
+
 from collections.abc import Callable
 from typing import Any
 
@@ -88,6 +90,9 @@ class _Torch:
         import horovod.torch as hvd
 
         horovod_env(cfg, hvd.is_initialized())
+        # fit's gradients go out as grouped buckets (collectives.buckets): with nothing else
+        # pending, horovod can start their round at once (patches/*-idle-wait.patch).
+        os.environ.setdefault(collectives.IDLE_WAIT_ENV, collectives.IDLE_WAIT_MS)
         self.device = collectives.init(cfg.seed, cfg.num_threads)
         return hvd
 
