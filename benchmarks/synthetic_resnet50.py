@@ -18,6 +18,8 @@ The same step runs under three launchers, 1 and 2 ranks, interleaved rep by rep:
 - ``horovodrunner``: ``HorovodRunner(np=N)`` on ``local[2]`` Spark barrier tasks;
 - ``horovodrun``: the same file run by ``horovodrun --gloo -np N`` (the launcher Horovod's
   docs use: it must cost no throughput next to HorovodRunner);
+- ``horovodrunner_buckets`` (torch only): HorovodRunner, the loop with the two-line change
+  that gives it ``hvdrunner.torch.fit``'s exchange (DDP-like buckets + the idle-wait patch);
 - ``ddp`` (torch only): the same loop with ``DistributedDataParallel`` under ``torchrun``.
 
 On the modern stack the TF loop runs in tf_keras mode (``TF_USE_LEGACY_KERAS=1``):
@@ -95,10 +97,14 @@ def _timed(step, size: int) -> dict:
     return {"img_sec_per_rank": statistics.mean(per_iter), "size": size}
 
 
-def torch_step(ddp: bool = False) -> dict:
-    """One rank of the benchmark (horovod.torch, or torch.distributed DDP when ``ddp``)."""
+def torch_step(ddp: bool = False, buckets: bool = False) -> dict:
+    """One rank of the benchmark (horovod.torch, or torch.distributed DDP when ``ddp``).
+    ``buckets``: the two-line change that gives the loop ``hvdrunner.torch.fit``'s exchange
+    (``HOROVOD_IDLE_WAIT_MS=20`` before ``hvd.init()``, ``groups=buckets(model)``)."""
     import torch
     import torch.nn.functional as F
+
+    from hvdrunner.torch.collectives import buckets as bucketed
 
     torch.manual_seed(0)
     model = torch_resnet50()
@@ -111,13 +117,16 @@ def torch_step(ddp: bool = False) -> dict:
         model = torch.nn.parallel.DistributedDataParallel(model)
         opt = torch.optim.SGD(model.parameters(), lr=0.01 * size)
     else:
+        if buckets:
+            os.environ["HOROVOD_IDLE_WAIT_MS"] = "20"
         import horovod.torch as hvd
 
         hvd.init()
         size = hvd.size()
         torch.set_num_threads(max(1, (os.cpu_count() or 1) // hvd.local_size()))
         opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.01 * size),
-                                       named_parameters=model.named_parameters())  # fmt: skip
+                                       named_parameters=model.named_parameters(),
+                                       groups=bucketed(model) if buckets else None)  # fmt: skip
         hvd.broadcast_parameters(model.state_dict(), root_rank=0)
         hvd.broadcast_optimizer_state(opt, root_rank=0)
     data = torch.randn(BATCH, 3, IMAGE, IMAGE)
@@ -186,7 +195,8 @@ def _external(cmd: list[str], keras3: bool = False) -> dict:
     for line in proc.stdout.splitlines():
         if "RESULT " in line:
             return json.loads(line.split("RESULT ", 1)[1])
-    raise RuntimeError(f"{' '.join(cmd)} failed (rc {proc.returncode}): {proc.stderr[-2000:]}")
+    raise RuntimeError(f"{' '.join(cmd)} failed (rc {proc.returncode}):\n"
+                       f"{proc.stdout[-3000:]}\n{proc.stderr[-2000:]}")  # fmt: skip
 
 
 def main() -> None:
@@ -202,7 +212,8 @@ def main() -> None:
             _external([*horovodrun, sys.executable, __file__], keras3=True)
             keras3 = {"ok": True, "error": None}
         except RuntimeError as e:
-            errors = [ln for ln in str(e).splitlines() if "Error: " in ln] or [str(e)]
+            lines = str(e).splitlines()  # the rank's own exception, not horovodrun's summary
+            errors = [ln for ln in lines if "Error: " in ln and "<stderr>" in ln] or lines[-1:]
             keras3 = {"ok": False, "error": errors[-1].split("<stderr>:")[-1].strip()[:160]}
         os.environ["TF_USE_LEGACY_KERAS"] = "1"  # before Spark's workers start: they inherit it
 
@@ -217,6 +228,7 @@ def main() -> None:
                                            "-H", f"localhost:{n}", sys.executable, __file__]),
     }  # fmt: skip
     if stack() == "torch":
+        launchers["horovodrunner_buckets"] = lambda n: HorovodRunner(np=n).run(fn, buckets=True)
         launchers["ddp"] = lambda n: _external([str(bindir / "torchrun"), "--nproc-per-node",
                                                 str(n), __file__, "--ddp"])  # fmt: skip
     runs: dict[str, dict[int, list[float]]] = {name: {1: [], 2: []} for name in launchers}
@@ -254,6 +266,9 @@ def main() -> None:
         out["keras"] = "tf_keras (TF_USE_LEGACY_KERAS=1)"
         out["unchanged_loop_under_keras3"] = keras3
     if "ddp" in table:
+        out["buckets_vs_ddp_np2"] = round(
+            table["horovodrunner_buckets"]["np2_img_sec_per_rank"]
+            / table["ddp"]["np2_img_sec_per_rank"], 3)  # fmt: skip
         out["horovod_vs_ddp_np2"] = round(
             table["horovodrunner"]["np2_img_sec_per_rank"] / table["ddp"]["np2_img_sec_per_rank"], 3
         )

@@ -56,16 +56,24 @@ def _epochs_timed(run_epoch, epochs: int) -> list[float]:
     return out
 
 
-def bare_horovod(local_path: str, epochs: int, cycle_time_ms: float | None = None):
+def bare_horovod(
+    local_path: str, epochs: int, cycle_time_ms: float | None = None, buckets: bool = False
+):
     """The standard horovod.torch recipe; returns (seconds per epoch, steps, start time).
-    ``cycle_time_ms``: ``HOROVOD_CYCLE_TIME`` as an environment default would set it."""
+    ``cycle_time_ms``: ``HOROVOD_CYCLE_TIME`` as an environment default would set it;
+    ``buckets``: the recipe's two-line change to fit's exchange (``HOROVOD_IDLE_WAIT_MS=20``
+    before ``hvd.init()``, ``groups=hvdrunner.torch.buckets(model)``)."""
     started = time.time()
     import os
 
     if cycle_time_ms is not None:
         os.environ["HOROVOD_CYCLE_TIME"] = str(cycle_time_ms)
+    if buckets:
+        os.environ["HOROVOD_IDLE_WAIT_MS"] = "20"
     import horovod.torch as hvd
     import torch
+
+    from hvdrunner.torch.collectives import buckets as bucketed
 
     hvd.init()
     torch.set_num_threads(max(1, torch.get_num_threads() // hvd.local_size()))
@@ -75,7 +83,8 @@ def bare_horovod(local_path: str, epochs: int, cycle_time_ms: float | None = Non
     loader = torch.utils.data.DataLoader(dataset, batch_size=BATCH, sampler=sampler, drop_last=True)
     model = build()
     opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.01 * hvd.size()),
-                                   named_parameters=model.named_parameters())  # fmt: skip
+                                   named_parameters=model.named_parameters(),
+                                   groups=bucketed(model) if buckets else None)  # fmt: skip
     hvd.broadcast_parameters(model.state_dict(), 0)
     hvd.broadcast_optimizer_state(opt, 0)
 
@@ -91,17 +100,16 @@ def bare_horovod(local_path: str, epochs: int, cycle_time_ms: float | None = Non
 
 def hvdrunner_fit(data, epochs: int, grouped: bool = True, idle_wait: bool = True):
     """hvdrunner.torch.fit on the same job; epoch times measured around fit's own loop.
-    ``grouped=False``: one allreduce request per gradient (fit's buckets off);
-    ``idle_wait=False``: ``HOROVOD_IDLE_WAIT_MS=0``, horovod's stock every-cycle rounds."""
+    ``grouped=False``: one allreduce request per gradient (``bucket_cap_mb=0``), still with
+    ``HOROVOD_IDLE_WAIT_MS=20``; ``idle_wait=False``: ``HOROVOD_IDLE_WAIT_MS=0``, horovod's
+    stock every-cycle rounds."""
     started = time.time()
     import os
 
     from hvdrunner.torch import collectives, fit, loop
 
-    if not grouped:
-        collectives.buckets = lambda model: None  # DistributedOptimizer(groups=None)
-    if not idle_wait:
-        os.environ[collectives.IDLE_WAIT_ENV] = "0"  # fit only sets a default
+    # fit sets HOROVOD_IDLE_WAIT_MS=20 only with buckets; set here, it is what each variant says
+    os.environ[collectives.IDLE_WAIT_ENV] = "20" if idle_wait else "0"
 
     times: list[float] = []
     original = loop.Trainer._train_epoch
@@ -114,7 +122,8 @@ def hvdrunner_fit(data, epochs: int, grouped: bool = True, idle_wait: bool = Tru
 
     loop.Trainer._train_epoch = timed
     result = fit(build_model=build, data=data, epochs=epochs, batch_size=BATCH, loss="cross_entropy",
-                 optimizer="sgd", learning_rate=0.01, log_model=False, verbose=0)  # fmt: skip
+                 optimizer="sgd", learning_rate=0.01, log_model=False, verbose=0,
+                 bucket_cap_mb=25.0 if grouped else 0)  # fmt: skip
     return times, data.steps_per_epoch(BATCH), started, result is not None
 
 
@@ -223,6 +232,9 @@ def main() -> None:
         "bare_cycle": lambda: runner.run(
             bare_horovod, local_path=path, epochs=epochs, cycle_time_ms=args.cycle_time_ms
         ),  # fmt: skip
+        "bare_buckets": lambda: runner.run(
+            bare_horovod, local_path=path, epochs=epochs, buckets=True
+        ),  # fmt: skip
         "ddp": lambda: distributor.run(ddp_loop, path, epochs),
     }
     results: dict[str, list] = {name: [] for name in contenders}
@@ -243,9 +255,12 @@ def main() -> None:
         "hvdrunner_torch_fit_no_idle_wait": summary["fit_no_idle_wait"],
         "bare_horovod_torch": summary["bare"],
         f"bare_horovod_torch_cycle_{args.cycle_time_ms}ms": summary["bare_cycle"],
+        "bare_horovod_torch_buckets_idle_wait": summary["bare_buckets"],
         "torch_distributor_ddp": summary["ddp"],
         "idle_rank_cpu_percent": idle,
         "fit_vs_bare_throughput": round(summary["fit"]["rows_per_s"] / summary["bare"]["rows_per_s"], 3),
+        "bare_buckets_vs_ddp_throughput": round(
+            summary["bare_buckets"]["rows_per_s"] / summary["ddp"]["rows_per_s"], 3),
         "fit_vs_ddp_throughput": round(summary["fit"]["rows_per_s"] / summary["ddp"]["rows_per_s"], 3),
         "horovodrunner_vs_torchdistributor_launch": round(
             summary["bare"]["launch_s"] / summary["ddp"]["launch_s"], 3),

@@ -327,6 +327,7 @@ def test_warmup_ramps_the_rate_per_batch_and_a_resume_past_it_starts_at_full_rat
         ({"optimizer": "lbfgs"}, "optimizer='lbfgs' is not one of"),
         ({"epochs": 0}, "epochs must be a positive int"),
         ({"compression": "int8"}, "compression must be 'none' or 'fp16'"),
+        ({"bucket_cap_mb": -1}, "bucket_cap_mb must be a number >= 0"),
         ({"data": [1, 2]}, "data must be prepared input"),
         ({"bogus": 1}, "unexpected argument(s) ['bogus']"),
     ],

@@ -4,7 +4,7 @@ Unchanged ``horovod.torch`` code runs under :class:`hvdrunner.HorovodRunner` as 
 (hvdrunner builds horovod for torch >= 2.1). This package makes the integration short:
 
 - :func:`init` (``hvd.init()``, this rank's device, seeds, CPU threads),
-  :func:`distributed_optimizer`, :func:`broadcast_state`, :func:`average_metrics`,
+  :func:`distributed_optimizer` (in :func:`buckets`), :func:`broadcast_state`, :func:`average_metrics`,
   :func:`check_in_sync` - each one Horovod step;
 - :func:`batches`: prepared data (:func:`hvdrunner.data.prepare`) as tensors with equal
   steps on every rank; :class:`CheckpointStore`: verified rank-0 checkpoints;
@@ -21,6 +21,7 @@ from hvdrunner.torch.checkpoint import CheckpointStore
 from hvdrunner.torch.collectives import (
     average_metrics,
     broadcast_state,
+    buckets,
     check_in_sync,
     distributed_optimizer,
     init,
@@ -37,6 +38,7 @@ __all__ = [
     "average_metrics",
     "batches",
     "broadcast_state",
+    "buckets",
     "check_in_sync",
     "distributed_optimizer",
     "fit",

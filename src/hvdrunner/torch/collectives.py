@@ -93,9 +93,10 @@ def distributed_optimizer(
     *,
     compression: str = "none",
     backward_passes_per_step: int = 1,
+    bucket_cap_mb: float = BUCKET_MB,
 ) -> Any:
     """``optimizer`` averaging gradients over ranks (``horovod.torch.DistributedOptimizer``),
-    in :func:`buckets` of up to 25 MB.
+    in :func:`buckets` of up to ``bucket_cap_mb`` (0: one request per tensor).
 
     ``compression="fp16"`` sends gradients as float16; ``backward_passes_per_step=N``
     exchanges once per N ``backward()`` calls (call ``step()`` after every N-th).
@@ -105,7 +106,7 @@ def distributed_optimizer(
     return hvd.DistributedOptimizer(
         optimizer, named_parameters=model.named_parameters(), compression=codec,
         backward_passes_per_step=backward_passes_per_step, op=hvd.Average,
-        groups=buckets(model),
+        groups=buckets(model, bucket_cap_mb) if bucket_cap_mb > 0 else None,
     )  # fmt: skip
 
 

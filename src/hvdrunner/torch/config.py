@@ -40,6 +40,10 @@ class FitConfig(TrainingSettings):
     metrics: tuple[str | Callable[[Any, Any], Any], ...] = ()
     verbose: int = 1  # 1: one line per epoch from rank 0; 0: silent
     num_threads: int | None = None  # torch CPU threads per rank; None: cores / ranks per host
+    # Gradients go out in groups of at most this many MB (DDP's bucket_cap_mb); 0: one
+    # request per tensor, as horovod's DistributedOptimizer does - for models whose ranks
+    # leave different parameters without gradients (a group waits for all of its own).
+    bucket_cap_mb: float = 25.0
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -52,6 +56,12 @@ class FitConfig(TrainingSettings):
             )
         if self.verbose not in (0, 1, 2):
             raise ValueError(f"verbose must be 0 (silent), 1 or 2, got {self.verbose!r}")
+        if isinstance(self.bucket_cap_mb, bool) or not isinstance(self.bucket_cap_mb, (int, float)) \
+                or self.bucket_cap_mb < 0:  # fmt: skip
+            raise ValueError(
+                f"bucket_cap_mb must be a number >= 0 (0: one allreduce request per gradient "
+                f"tensor), got {self.bucket_cap_mb!r}"
+            )
         if self.num_threads is not None and (
             isinstance(self.num_threads, bool)
             or not isinstance(self.num_threads, int)

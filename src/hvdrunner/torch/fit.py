@@ -11,7 +11,6 @@ generated from them); the work is a few named steps, each a function below or in
 from __future__ import annotations
 
 import os
-
 from collections.abc import Callable
 from typing import Any
 
@@ -91,8 +90,10 @@ class _Torch:
 
         horovod_env(cfg, hvd.is_initialized())
         # fit's gradients go out as grouped buckets (collectives.buckets): with nothing else
-        # pending, horovod can start their round at once (patches/*-idle-wait.patch).
-        os.environ.setdefault(collectives.IDLE_WAIT_ENV, collectives.IDLE_WAIT_MS)
+        # pending, horovod can start their round at once (patches/*-idle-wait.patch). Not
+        # for per-tensor requests: the first would start a round alone (measured slower).
+        if cfg.bucket_cap_mb > 0:
+            os.environ.setdefault(collectives.IDLE_WAIT_ENV, collectives.IDLE_WAIT_MS)
         self.device = collectives.init(cfg.seed, cfg.num_threads)
         return hvd
 
@@ -153,6 +154,7 @@ def _build(
     opt = collectives.distributed_optimizer(
         _make_optimizer(cfg.optimizer, model.parameters(), lr), model,
         compression=cfg.compression, backward_passes_per_step=cfg.backward_passes_per_step,
+        bucket_cap_mb=cfg.bucket_cap_mb,
     )  # fmt: skip
     return model, opt, lr
 
