@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import json
 import os
 import platform
 import time
+from pathlib import Path
 
 from hvdrunner._versions import major_minor, tensorflow, version
 
@@ -31,3 +33,10 @@ def context() -> dict:
         f"{os.sysconf('SC_PHYS_PAGES') * os.sysconf('SC_PAGE_SIZE') >> 30} GiB",
         "date": time.strftime("%Y-%m-%d"),
     }
+
+
+def save(path: Path, out: dict) -> None:
+    """Write a benchmark's results to ``path`` (benchmarks/results/...) and print them."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(out, indent=2) + "\n")
+    print(json.dumps(out, indent=2))

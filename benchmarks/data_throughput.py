@@ -18,14 +18,13 @@ and ratios to benchmarks/results/data_throughput-<stack>.json.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import statistics
 import tempfile
 import time
 from pathlib import Path
 
-from _bench import context
+from _bench import context, save
 
 RESULTS = Path(__file__).parent / "results"
 BATCH = 256
@@ -176,9 +175,7 @@ def main() -> None:
         "files": len(data.files),
         **context(),
     }
-    RESULTS.mkdir(parents=True, exist_ok=True)
-    (RESULTS / f"data_throughput-{out['stack']}.json").write_text(json.dumps(out, indent=2) + "\n")
-    print(json.dumps(out, indent=2))
+    save(RESULTS / f"data_throughput-{out['stack']}.json", out)
 
 
 if __name__ == "__main__":

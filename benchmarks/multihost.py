@@ -27,7 +27,7 @@ import sys
 import time
 from pathlib import Path
 
-from _bench import context
+from _bench import context, save
 from scaling import BATCH, WIDTH, _step_ms, alone, fit_job, recipe
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "helpers"))
@@ -115,9 +115,7 @@ def main() -> None:
         "wall_s": round(time.monotonic() - t0),
         **context(),
     }
-    RESULTS.mkdir(exist_ok=True)
-    (RESULTS / f"multihost-{out['stack']}.json").write_text(json.dumps(out, indent=2) + "\n")
-    print(json.dumps(out, indent=2))
+    save(RESULTS / f"multihost-{out['stack']}.json", out)
 
 
 if __name__ == "__main__":

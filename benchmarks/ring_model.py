@@ -43,6 +43,8 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
+from _bench import save
+
 RESULTS = Path(__file__).parent / "results"
 RESNET50_BYTES = 25_557_032 * 4
 MLP_BYTES = 7.45 * 2**20
@@ -89,11 +91,9 @@ def fit_exchange(rows: list[dict]) -> Exchange:
     """The host rate from the unshaped allreduce; the overhead from the 1 Gbit/s one (where
     the wire time is known); the fp16 casts from the unshaped fp16 step."""
     by = {(r["link"], r["variant"]): r for r in rows}
-    two = 2 * (2 - 1) / 2
     host = by[("unshaped veth", "allreduce alone")]["algbw_gbit_per_s"]
-    slow = by[("1 Gbit/s", "allreduce alone")]
-    wire_1g = two * MLP_BYTES * 8 / 1e9 * 1e3
-    overhead = max(0.0, slow["step_ms"] - wire_1g - 2 * LATENCY_MS)
+    slow = by[("1 Gbit/s", "allreduce alone")]["step_ms"]
+    overhead = max(0.0, slow - exchange_ms(Exchange(host, 0.0, 0.0), 2, MLP_BYTES, 1.0))
     base = Exchange(host, overhead, 0.0)
     compute = by[("unshaped veth", "no_exchange")]["step_ms"]
     fp16_step = by[("unshaped veth", "fit compression=fp16")]["step_ms"]
@@ -211,8 +211,7 @@ def main() -> None:
         "horovod_published": "about 90% scaling efficiency for Inception V3 and ResNet-101 on "
         "512 GPUs (horovod README; 25 Gbit/s RoCE, NCCL)",
     }
-    (RESULTS / "ring_model.json").write_text(json.dumps(out, indent=2) + "\n")
-    print(json.dumps(out, indent=2))
+    save(RESULTS / "ring_model.json", out)
 
 
 if __name__ == "__main__":

@@ -36,7 +36,7 @@ import threading
 import time
 from pathlib import Path
 
-from _bench import context
+from _bench import context, save
 
 RESULTS = Path(__file__).parent / "results"
 BATCH = 128
@@ -277,9 +277,7 @@ def main() -> None:
         },
         **context(),
     }
-    RESULTS.mkdir(exist_ok=True)
-    (RESULTS / f"scaling-{out['stack']}.json").write_text(json.dumps(out, indent=2) + "\n")
-    print(json.dumps(out, indent=2))
+    save(RESULTS / f"scaling-{out['stack']}.json", out)
 
 
 if __name__ == "__main__":

@@ -43,7 +43,7 @@ import sys
 import time
 from pathlib import Path
 
-from _bench import context, stack
+from _bench import context, save, stack
 
 RESULTS = Path(__file__).parent / "results"
 IMAGE, BATCH, WARMUP, PER_ITER, ITERS = 64, 8, 2, 4, 3
@@ -273,8 +273,7 @@ def main() -> None:
             table["horovodrunner"]["np2_img_sec_per_rank"] / table["ddp"]["np2_img_sec_per_rank"], 3
         )
     path = RESULTS / f"synthetic_resnet50-{stack()}.json"
-    path.write_text(json.dumps(out, indent=2) + "\n")
-    print(json.dumps(out, indent=2))
+    save(path, out)
 
 
 if __name__ == "__main__":

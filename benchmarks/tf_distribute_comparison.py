@@ -37,7 +37,8 @@ import tempfile
 import time
 from pathlib import Path
 
-from _bench import context, stack
+from _bench import context, save, stack
+from scaling import _clock  # epoch begin/end marks, as in the scaling benchmark
 
 RESULTS = Path(__file__).parent / "results"
 BATCH = 64  # per process
@@ -65,17 +66,6 @@ def _loss(keras):
     return keras.losses.SparseCategoricalCrossentropy(from_logits=True)
 
 
-def _marks_callback(keras, marks: list[float]):
-    class Clock(keras.callbacks.Callback):
-        def on_epoch_begin(self, epoch, logs=None):
-            marks.append(time.perf_counter())
-
-        def on_epoch_end(self, epoch, logs=None):
-            marks.append(time.perf_counter())
-
-    return Clock()
-
-
 def _rows(path: str):
     """Every row of the Parquet files at ``path`` as (x, y) numpy arrays."""
     import pyarrow.compute as pc
@@ -100,7 +90,7 @@ def hvdrunner_fit(data, epochs: int) -> dict:
 
     fit(lambda: _model(keras), data, epochs=epochs, batch_size=BATCH, optimizer="adam",
         learning_rate=LR / PROCS, loss=_loss(keras), log_model=False, verbose=0,
-        callbacks=[_marks_callback(keras, marks), Keep()])  # fmt: skip
+        callbacks=[_clock(keras, marks), Keep()])  # fmt: skip
     return {"started": started, "marks": marks, "weights": weights[0]}
 
 
@@ -122,7 +112,7 @@ def hvd_keras_recipe(path: str, epochs: int) -> dict:
     model.compile(optimizer=opt, loss=_loss(keras))
     marks: list[float] = []
     cbs = [hvd.callbacks.BroadcastGlobalVariablesCallback(0),
-           hvd.callbacks.MetricAverageCallback(), _marks_callback(keras, marks)]  # fmt: skip
+           hvd.callbacks.MetricAverageCallback(), _clock(keras, marks)]  # fmt: skip
     model.fit(x, y, batch_size=BATCH, epochs=epochs, verbose=0, callbacks=cbs)
     return {"started": started, "marks": marks, "weights": model.get_weights()}
 
@@ -145,7 +135,7 @@ def mirrored_strategy(path: str, epochs: int) -> dict:
     model.compile(optimizer=keras.optimizers.Adam(LR), loss=_loss(keras))
     marks: list[float] = []
     model.fit(dataset, epochs=epochs, steps_per_epoch=steps, verbose=0,
-              callbacks=[_marks_callback(keras, marks)])  # fmt: skip
+              callbacks=[_clock(keras, marks)])  # fmt: skip
     return {"started": started, "marks": marks, "weights": model.get_weights()}
 
 
@@ -283,9 +273,7 @@ def main() -> None:
         "mirrored_strategy_runner_under_keras3": probe,
         **context(),
     }  # fmt: skip
-    path = RESULTS / f"tf_distribute_comparison-{stack()}.json"  # modern, in tf_keras mode
-    path.write_text(json.dumps(out, indent=2) + "\n")
-    print(json.dumps(out, indent=2))
+    save(RESULTS / f"tf_distribute_comparison-{stack()}.json", out)  # modern, in tf_keras mode
     data.delete()
     spark.stop()
 

@@ -19,12 +19,11 @@ benchmarks/results/torch_comparison-torch.json.
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import time
 from pathlib import Path
 
-from _bench import context
+from _bench import context, save
 
 RESULTS = Path(__file__).parent / "results" / "torch_comparison-torch.json"
 BATCH = 64
@@ -107,6 +106,7 @@ def hvdrunner_fit(data, epochs: int, grouped: bool = True, idle_wait: bool = Tru
     import os
 
     from hvdrunner.torch import collectives, fit, loop
+    from hvdrunner.torch.config import BUCKET_CAP_MB
 
     # fit sets HOROVOD_IDLE_WAIT_MS=20 only with buckets; set here, it is what each variant says
     os.environ[collectives.IDLE_WAIT_ENV] = "20" if idle_wait else "0"
@@ -123,7 +123,7 @@ def hvdrunner_fit(data, epochs: int, grouped: bool = True, idle_wait: bool = Tru
     loop.Trainer._train_epoch = timed
     result = fit(build_model=build, data=data, epochs=epochs, batch_size=BATCH, loss="cross_entropy",
                  optimizer="sgd", learning_rate=0.01, log_model=False, verbose=0,
-                 bucket_cap_mb=25.0 if grouped else 0)  # fmt: skip
+                 bucket_cap_mb=BUCKET_CAP_MB if grouped else 0)  # fmt: skip
     return times, data.steps_per_epoch(BATCH), started, result is not None
 
 
@@ -267,9 +267,7 @@ def main() -> None:
         "horovod_vs_ddp_step_time": round(summary["bare"]["step_ms"] / summary["ddp"]["step_ms"], 3),
         **context(),
     }  # fmt: skip
-    RESULTS.parent.mkdir(parents=True, exist_ok=True)
-    RESULTS.write_text(json.dumps(out, indent=2) + "\n")
-    print(json.dumps(out, indent=2))
+    save(RESULTS, out)
     data.delete()
     spark.stop()
 

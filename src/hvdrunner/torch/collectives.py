@@ -22,6 +22,7 @@ import torch
 
 from hvdrunner.core import metrics as core_metrics
 from hvdrunner.core.sync import check_fingerprints, weight_fingerprint
+from hvdrunner.torch.config import BUCKET_CAP_MB
 
 SYNC_FIX = (
     "Wrap the optimizer with hvd.DistributedOptimizer(opt, "
@@ -54,7 +55,6 @@ def init(seed: int = 0, num_threads: int | None = None) -> torch.device:
     return torch.device("cpu")
 
 
-BUCKET_MB = 25.0  # DDP's default bucket_cap_mb
 # patches/horovod-0.28.1-idle-wait.patch: while no tensor is pending, horovod's background
 # loop waits (at most this long) for one instead of negotiating every 1 ms cycle, and
 # starts the round for a new request at once. Set by fit, whose buckets arrive whole;
@@ -63,7 +63,7 @@ BUCKET_MB = 25.0  # DDP's default bucket_cap_mb
 IDLE_WAIT_ENV, IDLE_WAIT_MS = "HOROVOD_IDLE_WAIT_MS", "20"
 
 
-def buckets(model: torch.nn.Module, cap_mb: float = BUCKET_MB) -> list[list[torch.Tensor]]:
+def buckets(model: torch.nn.Module, cap_mb: float = BUCKET_CAP_MB) -> list[list[torch.Tensor]]:
     """The trainable parameters in gradient-exchange groups of at most ``cap_mb`` each (a
     larger tensor alone), in reverse definition order: roughly the order backward finishes
     their gradients, as DDP's buckets.
@@ -93,7 +93,7 @@ def distributed_optimizer(
     *,
     compression: str = "none",
     backward_passes_per_step: int = 1,
-    bucket_cap_mb: float = BUCKET_MB,
+    bucket_cap_mb: float = BUCKET_CAP_MB,
 ) -> Any:
     """``optimizer`` averaging gradients over ranks (``horovod.torch.DistributedOptimizer``),
     in :func:`buckets` of up to ``bucket_cap_mb`` (0: one request per tensor).

@@ -25,10 +25,21 @@ LOSSES = ("cross_entropy", "mse", "l1", "bce_with_logits")
 #: Metric names fit understands (or pass a callable ``(output, target) -> scalar tensor``).
 METRICS = ("accuracy",)
 OPTIMIZERS = ("adam", "sgd", "adamw", "rmsprop")
+#: DDP's default bucket_cap_mb: fit's gradients go out in groups of at most this many MB.
+BUCKET_CAP_MB = 25.0
 #: fit's arguments that are inputs, not settings.
 INPUTS = ("build_model", "data", "validation")
 
-__all__ = ["INPUTS", "LOSSES", "METRICS", "OPTIMIZERS", "FitConfig", "FitResult", "make_config"]
+__all__ = [
+    "BUCKET_CAP_MB",
+    "INPUTS",
+    "LOSSES",
+    "METRICS",
+    "OPTIMIZERS",
+    "FitConfig",
+    "FitResult",
+    "make_config",
+]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -43,7 +54,7 @@ class FitConfig(TrainingSettings):
     # Gradients go out in groups of at most this many MB (DDP's bucket_cap_mb); 0: one
     # request per tensor, as horovod's DistributedOptimizer does - for models whose ranks
     # leave different parameters without gradients (a group waits for all of its own).
-    bucket_cap_mb: float = 25.0
+    bucket_cap_mb: float = BUCKET_CAP_MB
 
     def __post_init__(self) -> None:
         super().__post_init__()
