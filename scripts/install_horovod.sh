@@ -16,6 +16,10 @@
 #                           HOROVOD_NCCL_HOME, /usr, /usr/local/cuda or the nvidia-nccl pip
 #                           package) and fails naming what is missing; a GPU node is never
 #                           given a CPU-only build unless `none` says so (with a warning)
+#   HVDRUNNER_CUDA_ARCHS    GPU builds: compute capabilities to compile the CUDA kernels for
+#                           (e.g. 90 or 80,90; the highest also as PTX for newer GPUs).
+#                           Default: this node's GPUs (nvidia-smi), else nvcc's oldest (PTX
+#                           any newer GPU runs). In the cache key as -smNN.MM
 #   --wheel                 always leave the wheel in the cache (build it if missing), even
 #                           when a good horovod is already installed; then install it
 #   --print-key             print the wheel cache key (horovod, TF, torch, Python, CUDA, flags)
@@ -190,6 +194,41 @@ nvcc_home() {
   if [ -n "$top" ] && [ -d "$top" ]; then (cd "$top" && pwd); else (cd "$(dirname "$(command -v nvcc)")/.." && pwd); fi
 }
 
+nvcc_archs() {  # the architectures this nvcc compiles for, ascending ("75 80 86 ...")
+  nvcc --list-gpu-arch 2>/dev/null | sed -n 's/^compute_\([0-9]*\)$/\1/p' | sort -n | tr '\n' ' '
+}
+
+cuda_archs() {
+  # Which GPU architectures the CUDA kernels are compiled for (comma list, ascending), and why.
+  # Unnarrowed, horovod compiles for every architecture nvcc knows (a dozen, most of a GPU
+  # build's time) although a node runs one. HVDRUNNER_CUDA_ARCHS wins; else the GPUs this
+  # node has (nvidia-smi's compute capability: a Databricks build node is the kind its jobs
+  # run on); else, with no GPU (CI), the oldest architecture nvcc supports: its PTX is then
+  # compiled by the driver for whatever GPU loads it.
+  local archs="" known
+  known="$(nvcc_archs)"
+  if [ -n "${HVDRUNNER_CUDA_ARCHS:-}" ]; then
+    archs="$(printf '%s' "$HVDRUNNER_CUDA_ARCHS" | tr -d ' .')"
+    printf '%s' "$archs" | grep -Eq '^[0-9]+(,[0-9]+)*$' \
+      || die "HVDRUNNER_CUDA_ARCHS must list compute capabilities like 80,90 or 8.0,9.0 (got '$HVDRUNNER_CUDA_ARCHS')"
+    say "CUDA architectures: $archs (HVDRUNNER_CUDA_ARCHS)" >&2
+  elif has_gpu && archs="$(nvidia-smi --query-gpu=compute_cap --format=csv,noheader 2>/dev/null | tr -d ' .' | grep -E '^[0-9]+$' | sort -un | paste -sd, -)" && [ -n "$archs" ]; then
+    say "CUDA architectures: $archs (this node's GPUs, nvidia-smi), with PTX for newer GPUs; HVDRUNNER_CUDA_ARCHS overrides" >&2
+  else
+    archs="${known%% *}"
+    [ -n "$archs" ] || die "nvcc --list-gpu-arch listed no architecture; set HVDRUNNER_CUDA_ARCHS (e.g. 90)"
+    local why="no GPU on this node"
+    ! has_gpu || why="nvidia-smi reported no compute capability"
+    say "CUDA architectures: $archs ($why: nvcc's oldest, whose PTX any newer GPU compiles at load time); HVDRUNNER_CUDA_ARCHS overrides" >&2
+  fi
+  local cc
+  for cc in ${archs//,/ }; do
+    [ -z "$known" ] || [[ " $known " == *" $cc "* ]] \
+      || die "this nvcc cannot compile for compute capability $cc (it knows: $known); set HVDRUNNER_CUDA_ARCHS to ones it knows"
+  done
+  printf '%s\n' "$(printf '%s\n' ${archs//,/ } | sort -un | paste -sd, -)"
+}
+
 if [ "$GPU_TAG" = "cuda" ]; then
   # The registry's toolkit installed beside the framework (the gpu stack: the CUDA torch was
   # built for) wins over another nvcc on PATH; HOROVOD_CUDA_HOME wins over both.
@@ -210,7 +249,11 @@ if [ "$GPU_TAG" = "cuda" ]; then
   fi
   export HOROVOD_NCCL_INCLUDE="$NCCL_INCLUDE" HOROVOD_NCCL_LIB="$NCCL_LIB" HVDRUNNER_EXPECT_NCCL=1
   nccl_version="$(sed -n 's/^#define NCCL_\(MAJOR\|MINOR\|PATCH\) *\([0-9]*\).*/\2/p' "$NCCL_INCLUDE/nccl.h" | head -3 | paste -sd. -)"
-  GPU_TAG="cuda$(nvcc --version | sed -n 's/.*release \([0-9.]*\).*/\1/p')-nccl${nccl_version:-unknown}"
+  CUDA_ARCHS="$(cuda_archs)" || exit 1
+  # Horovod's build (cmake/build_utils.py) compiles its kernels for exactly this list and
+  # adds PTX for the highest entry, which newer GPUs compile at load time.
+  export HOROVOD_BUILD_CUDA_CC_LIST="$CUDA_ARCHS"
+  GPU_TAG="cuda$(nvcc --version | sed -n 's/.*release \([0-9.]*\).*/\1/p')-nccl${nccl_version:-unknown}-sm${CUDA_ARCHS//,/.}"
 fi
 PATCHES=("$IFACE_PATCH"); PATCH_TAG=""
 if [ "$NEEDS_XLA_PATCH" = "1" ]; then PATCHES+=("$XLA_PATCH"); PATCH_TAG="-noxla"; fi

@@ -12,6 +12,12 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Literal
+
+#: What kind of failure a job had (:attr:`HorovodRunnerError.cause`), for the restart policy.
+Cause = Literal[
+    "lost", "died", "raised", "early", "backend", "stall", "timeout", "start", "builds", "result"
+]
 
 
 class HorovodRunnerError(RuntimeError):
@@ -31,6 +37,9 @@ class HorovodRunnerError(RuntimeError):
             ``"builds"``, ``"result"``; ``None`` when not known.
         attempts: with ``HorovodRunner(max_restarts=N)``, one line per attempt that ran
             (its cause, and why it was or was not restarted); empty otherwise.
+        place: for a raised exception, where: its type, innermost ``file:line in function``
+            and a digest of the code on its stack (the same bug raised twice has the same
+            place; two notebook cells failing at the same line number do not).
     """
 
     def __init__(
@@ -42,11 +51,13 @@ class HorovodRunnerError(RuntimeError):
         remote_message: str | None = None,
         remote_traceback: str | None = None,
         output_tail: Sequence[str] = (),
-        cause: str | None = None,
+        cause: Cause | None = None,
         attempts: Sequence[str] = (),
+        place: str | None = None,
     ) -> None:
         self.summary = summary
         self.cause = cause
+        self.place = place
         self.attempts = list(attempts)
         self.rank = rank
         self.exc_type = exc_type

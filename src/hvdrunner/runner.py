@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from hvdrunner import _noise, tracking
-from hvdrunner._launch import restarts
+from hvdrunner._launch import restarts, verdict
 from hvdrunner._logging import get_logger
 from hvdrunner._secrets import secrets_in
 from hvdrunner.distributed import ATTEMPT_ENV
@@ -85,7 +85,9 @@ class HorovodRunner:
             job fails naming the rank(s) that did not join and where they were. Default 600.
         exit_grace: seconds the other ranks get to exit after rank 0 returned; then they
             are stopped with a warning and rank 0's value is returned. Default 60.
-        timeout: optional bound on the whole job, in seconds (default ``None``: none).
+        timeout: optional bound on the whole job, in seconds (default ``None``: none):
+            every attempt of a job with ``max_restarts``, and the waits for slots between
+            them, together.
         host_timeout: seconds without a heartbeat (sent every second both ways) between
             the driver and a rank's Spark task before that task's host is declared lost:
             the job then fails naming the host and its ranks, and a task that hears nothing
@@ -185,15 +187,17 @@ class HorovodRunner:
             raise
 
     def _attempts(self, payload: bytes, track_env: dict[str, str], secrets: list[str]) -> Any:
-        """The job, started again after each restartable failure (``max_restarts``)."""
+        """The job, started again after each restartable failure (``max_restarts``), all
+        attempts within one ``timeout``."""
         failed: list[restarts.Attempt] = []
+        deadline = None if self.timeout is None else time.monotonic() + self.timeout
         while True:
             number = len(failed) + 1
             np = failed[-1].np if failed else self.num_processor
             try:  # on a restart, waiting for the slots is part of the attempt
-                target = self._target(restarting=bool(failed))
+                target = self._target(restarting=bool(failed), deadline=deadline)
                 np = target.np
-                result = self._attempt(target, payload, track_env, secrets, number)
+                result = self._attempt(target, payload, track_env, secrets, number, deadline)
             except HorovodRunnerError as err:
                 if not self.max_restarts:
                     raise
@@ -210,7 +214,7 @@ class HorovodRunner:
 
     def _attempt(
         self, target: _Target, payload: bytes, track_env: dict[str, str], secrets: list[str],
-        number: int,
+        number: int, deadline: float | None,
     ) -> Any:  # fmt: skip
         """One launch of the job: its own key, driver service, rendezvous and Spark job."""
         from horovod.runner.common.util import secret
@@ -244,11 +248,14 @@ class HorovodRunner:
         )
         _log.info(f"launching {target.np} Horovod ranks on {target.where}"
                   + (f" (attempt {number})" if number > 1 else ""))  # fmt: skip
-        return self._supervise(target.launch(spec), service)
+        return self._supervise(target.launch(spec), service, deadline)
 
-    def _target(self, restarting: bool = False) -> _Target:
+    def _target(self, restarting: bool = False, deadline: float | None = None) -> _Target:
         """Where the ranks run: driver processes (np<0) or Spark barrier tasks, checked; on a
-        restart, once the cluster has the slots again (``min_np``: at least those)."""
+        restart, once the cluster has the slots again (``min_np``: at least those), waiting
+        no longer than ``start_timeout`` and the job's ``timeout`` allow."""
+        if deadline is not None and time.monotonic() >= deadline:
+            raise verdict.timeout_failure(float(self.timeout or 0.0))
         if self.num_processor < 0:
             from hvdrunner._launch.local_backend import LocalLaunch
 
@@ -263,9 +270,14 @@ class HorovodRunner:
             np = spark_backend.task_slots(sc)[0]
             _log.info(f"np=0: using all {np} task slots of the cluster")
         if restarting:
+            wait = self.start_timeout
+            if deadline is not None:
+                wait = max(0.0, min(wait, deadline - time.monotonic()))
             try:
-                np = spark_backend.slots_for_restart(sc, np, self.min_np, self.start_timeout)
+                np = spark_backend.slots_for_restart(sc, np, self.min_np, wait)
             except ValueError as exc:
+                if deadline is not None and time.monotonic() >= deadline:
+                    raise verdict.timeout_failure(float(self.timeout or 0.0)) from exc
                 raise restarts.slots_failure(str(exc)) from exc
         else:
             spark_backend.preflight(sc, np, wait_s=self.start_timeout)
@@ -274,7 +286,7 @@ class HorovodRunner:
             str(sc.master).startswith("local"), lambda spec: spark_backend.SparkLaunch(sc, np, spec),
         )  # fmt: skip
 
-    def _supervise(self, launch: Any, service: Any) -> Any:
+    def _supervise(self, launch: Any, service: Any, deadline: float | None) -> Any:
         """Start the ranks and wait for the verdict; on any failure no rank outlives this
         attempt (the job's error is what the caller gets)."""
         started = time.monotonic()
@@ -283,7 +295,7 @@ class HorovodRunner:
             launch.start()
             result = service.wait(
                 self.start_timeout, launch.error,
-                exit_grace=self.exit_grace, timeout=self.timeout,
+                exit_grace=self.exit_grace, timeout=self.timeout, deadline=deadline,
                 stall_timeout=self.stall_timeout, host_timeout=self.host_timeout,
             )  # fmt: skip
             ok = True

@@ -35,6 +35,26 @@ _log = get_logger()
 ABORT_WAIT_S = 10.0
 #: Once the job is failing, a task silent this long (no beat) counts as lost with its host.
 SILENT_AT_VERDICT_S = 5.0
+#: How long close() waits for each of the service's own threads to end.
+CLOSE_WAIT_S = 2.0
+
+
+def _stop_rendezvous(server: RendezvousServer) -> None:
+    """Stop Horovod's rendezvous HTTP server and close its listening socket.
+
+    ``RendezvousServer.stop()`` waits out socketserver's 0.5 s poll interval, in a thread so
+    that run() does not; ``server_close()`` then releases the port (stop() alone leaves it
+    listening until the object is collected)."""
+    httpd = getattr(server, "_httpd", None)
+
+    def stop() -> None:
+        with contextlib.suppress(Exception):
+            server.stop()
+        if httpd is not None:
+            with contextlib.suppress(Exception):
+                httpd.server_close()
+
+    threading.Thread(target=stop, name="hvdrunner-rendezvous-stop", daemon=True).start()
 
 
 class _Conn:
@@ -85,8 +105,12 @@ class DriverService:
         self.port: int = self._sock.getsockname()[1]
         self._closed = threading.Event()
         self._rendezvous: RendezvousServer | None = None
-        threading.Thread(target=self._accept_loop, name="hvdrunner-accept", daemon=True).start()
-        threading.Thread(target=self._beat_loop, name="hvdrunner-beat", daemon=True).start()
+        self._threads = [
+            threading.Thread(target=self._accept_loop, name="hvdrunner-accept", daemon=True),
+            threading.Thread(target=self._beat_loop, name="hvdrunner-beat", daemon=True),
+        ]
+        for thread in self._threads:
+            thread.start()
 
     # -- network -------------------------------------------------------------------------
     def _accept_loop(self) -> None:
@@ -139,8 +163,13 @@ class DriverService:
         return bool(silent)
 
     def close(self) -> None:
-        """Stop listening, drop every connection and stop the rendezvous server."""
+        """Stop listening, drop every connection and stop the rendezvous server; the
+        service's threads and listening sockets are gone when it returns (bounded)."""
         self._closed.set()
+        # close() alone does not wake a thread blocked in accept() on Linux: the socket
+        # would keep listening and the thread live, one of each per job (and per attempt).
+        with contextlib.suppress(OSError):
+            self._sock.shutdown(socket.SHUT_RDWR)
         with contextlib.suppress(OSError):
             self._sock.close()
         with self._lock:
@@ -148,9 +177,11 @@ class DriverService:
         for conn in conns:
             conn.channel.close()
         if self._rendezvous is not None:
-            # socketserver's shutdown() waits out a 0.5 s poll interval; don't make run() wait.
-            threading.Thread(target=self._rendezvous.stop, daemon=True).start()
+            _stop_rendezvous(self._rendezvous)
             self._rendezvous = None
+        for thread in self._threads:
+            if thread is not threading.current_thread():
+                thread.join(timeout=CLOSE_WAIT_S)
 
     # -- rank assignment -----------------------------------------------------------------
     def _assign(self, registered: list[_Conn]) -> None:
@@ -208,6 +239,7 @@ class DriverService:
         timeout: float | None = None,
         stall_timeout: float = 600.0,
         host_timeout: float = 30.0,
+        deadline: float | None = None,
     ) -> Any:
         """Consume events until success (returns rank 0's value) or failure (raises).
 
@@ -217,7 +249,10 @@ class DriverService:
             on_line: where driver-side output goes; default prints to the current stdout.
             exit_grace: seconds the other ranks get to exit after rank 0 returned; then
                 they are stopped with a warning and rank 0's value is returned.
-            timeout: the whole job's bound in seconds (``None``: none).
+            timeout: the whole job's bound in seconds (``None``: none), counted from this
+                call unless ``deadline`` says when it ends.
+            deadline: when ``timeout`` runs out (``time.monotonic()``), for a job whose
+                earlier attempts already used part of it.
             stall_timeout: seconds a rank may wait inside a framework or Horovod call (a
                 collective) while another rank does not; then the job fails naming it.
             host_timeout: seconds without a frame (beats every second) from a started
@@ -229,15 +264,15 @@ class DriverService:
             show(self._scrub(text))
 
         started = time.monotonic()
+        if deadline is None and timeout is not None:
+            deadline = started + timeout
         job = JobState(self.np, self._assign, self._lost_failure)
         while job.running:
             now = time.monotonic()
             if job.rank0_done is not None and now - job.rank0_done > exit_grace:
                 self._stop_late_ranks(job, exit_grace, emit)
                 break
-            job.failure = self._limit_failure(
-                job, now - started, timeout, stall_timeout, host_timeout
-            )
+            job.failure = self._limit_failure(job, timeout, deadline, stall_timeout, host_timeout)
             if job.failure is not None:
                 break
             try:
@@ -254,21 +289,26 @@ class DriverService:
             else:
                 job.handle(conn, message)
         if job.failing:
-            raise self._verdict(job, emit, host_timeout)
+            failure = self._verdict(job, emit, host_timeout)
+            if not _finished_before(job, failure):
+                raise failure
+            # Rank 0's value is the job's: training ended before this rank was lost.
+            _log.warning(verdict.lost_after_rank0_warning(failure))
         return _rank0_value(job.result)
 
     def _limit_failure(
-        self, job: JobState, elapsed: float, timeout: float | None, stall_timeout: float,
-        host_timeout: float,
+        self, job: JobState, timeout: float | None, deadline: float | None,
+        stall_timeout: float, host_timeout: float,
     ) -> HorovodRunnerError | None:  # fmt: skip
         """A stall, a host fallen silent, or the job's own time limit."""
-        stall = stall_failure(job.stuck, self.np, stall_timeout, time.monotonic())
+        now = time.monotonic()
+        stall = stall_failure(job.stuck, self.np, stall_timeout, now)
         if stall is not None:
             return stall
         if job.assigned and self._mark_silent(host_timeout):
             return self._lost_failure()
-        if timeout is not None and elapsed > timeout:
-            return verdict.timeout_failure(timeout)
+        if deadline is not None and now > deadline:
+            return verdict.timeout_failure(timeout if timeout is not None else 0.0)
         return None
 
     def _idle_failure(
@@ -348,6 +388,20 @@ class DriverService:
                 and conn.rank is not None
             ):
                 conn.lost = True
+
+
+#: Failures of the machine, not the code: after rank 0 returned they do not undo the job.
+_INFRASTRUCTURE_CAUSES = ("died", "lost", "backend")
+
+
+def _finished_before(job: JobState, failure: HorovodRunnerError) -> bool:
+    """Whether rank 0 had returned its value before another rank was killed or lost."""
+    return (
+        job.rank0_done is not None
+        and job.result is not None
+        and failure.cause in _INFRASTRUCTURE_CAUSES
+        and failure.rank != 0
+    )
 
 
 def _rank0_value(result: bytes | None) -> Any:

@@ -10,20 +10,22 @@ Three channels, each with its own vocabulary, checked on receipt (:func:`expect`
 - a task tells the driver :data:`TO_DRIVER` (``Register``, ``Output``, ``RankState``,
   ``Result``, ``ExitReport``, ``Beat``);
 - a rank process tells its supervisor, over a pipe, :data:`TO_SUPERVISOR` (``Log``,
-  ``Stuck``, ``Moving``, ``Value``, ``RankError``).
+  ``Stuck``, ``Moving``, ``Value``, ``Returned``, ``RankError``).
 """
 
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import os
 import pickle
 import socket
 import struct
 import threading
 import traceback
+import types
 from dataclasses import dataclass
-from typing import Any, BinaryIO
+from typing import Any, BinaryIO, Literal
 
 from horovod.runner.common.util import secret
 
@@ -66,12 +68,16 @@ class Abort:
 # -- what a rank process tells its supervisor ---------------------------------------------------
 @dataclass(frozen=True)
 class ErrorReport:
-    """A rank's exception as it travels: class, module, message, formatted traceback."""
+    """A rank's exception as it travels: class, module, message, formatted traceback;
+    ``place``: where it was raised (:func:`place_of`); ``stage``: ``"function"`` (the
+    training function raised) or ``"result"`` (rank 0's return value could not be pickled)."""
 
     type: str
     module: str
     message: str
     traceback: str
+    place: str | None = None
+    stage: Literal["function", "result"] = "function"
 
 
 @dataclass(frozen=True)
@@ -111,6 +117,11 @@ class Value:
     blob: bytes
 
 
+@dataclass(frozen=True)
+class Returned:
+    """The rank's function returned (every rank; rank 0 sends its :class:`Value` first)."""
+
+
 # -- what tasks tell the driver ----------------------------------------------------------------
 @dataclass(frozen=True)
 class Register:
@@ -134,6 +145,7 @@ class ExitReport:
     error: ErrorReport | None = None
     tail: tuple[str, ...] = ()
     aborted: bool = False  # stopped by the driver's abort, not failed on its own
+    returned: bool = False  # its function returned (exit 0 without it: os._exit(0) mid-way)
 
     @property
     def failed(self) -> bool:
@@ -181,7 +193,7 @@ Message = Register | ExitReport | Output | Result | RankState | Disconnected
 #: Each channel's vocabulary (see the module docstring).
 TO_TASK = (Assign, Abort, Beat)
 TO_DRIVER = (Register, ExitReport, Output, Result, RankState, Beat)
-TO_SUPERVISOR = (Log, Stuck, Moving, Value, RankError)
+TO_SUPERVISOR = (Log, Stuck, Moving, Value, Returned, RankError)
 
 
 def expect(message: object, vocabulary: tuple[type, ...], sender: str) -> Any:
@@ -205,7 +217,50 @@ def error_report(exc: BaseException, message: str | None = None) -> ErrorReport:
         except Exception as failed:  # noqa: BLE001 - a broken __str__ must not hide the error
             message = f"<{type(exc).__name__} whose str() raised {type(failed).__name__}: {failed}>"
     return ErrorReport(type(exc).__qualname__, type(exc).__module__, message,
-                       traceback.format_exc())  # fmt: skip
+                       traceback.format_exc(), place_of(exc))  # fmt: skip
+
+
+def place_of(exc: BaseException) -> str:
+    """Where ``exc`` was raised: its type, the innermost ``file:line in function``, and a
+    digest of every frame's code and line on the way there.
+
+    The file name alone does not tell two bugs apart: cloudpickle sends a notebook's
+    functions by value, and every notebook cell is ``<command-…>`` or ``<dynamic-code>``
+    with lines counted from its own top, so two cells raising at their line 3 would look
+    alike. Their code differs, and so does the digest; the same bug raised again has the
+    same digest.
+
+    Example:
+        >>> try:
+        ...     int("x")
+        ... except ValueError as e:
+        ...     place_of(e).startswith("ValueError at ")
+        True
+    """
+    digest = hashlib.sha256()
+    innermost = "an unknown line"
+    tb = exc.__traceback__
+    while tb is not None:
+        code = tb.tb_frame.f_code
+        digest.update(f"{code.co_filename}:{tb.tb_lineno}:{code.co_name}:".encode())
+        _digest_code(digest, code)
+        innermost = f"{code.co_filename}:{tb.tb_lineno} in {code.co_name}"
+        tb = tb.tb_next
+    return f"{type(exc).__qualname__} at {innermost} (code {digest.hexdigest()[:10]})"
+
+
+def _digest_code(digest: Any, code: types.CodeType) -> None:
+    """Feed what a function's code is - bytecode, names, constants - into ``digest``, the
+    same in every process (no addresses; sets in a fixed order)."""
+    digest.update(code.co_code)
+    digest.update(repr(code.co_names).encode())
+    for const in code.co_consts:
+        if isinstance(const, types.CodeType):
+            _digest_code(digest, const)
+        elif isinstance(const, frozenset):
+            digest.update(repr(sorted(map(repr, const))).encode())
+        else:
+            digest.update(repr(const).encode())
 
 
 def encode(message: object) -> bytes:

@@ -5,8 +5,9 @@ error reported when it stops. Pure rules over each attempt's :class:`HorovodRunn
 The policy (docs/faults.md, "Automatic restarts"):
 
 - **restarted**: the machine or the cluster failed, not the code — a host or task lost
-  (``lost``), a rank killed by a signal or exiting without an exception (``died``: a spot
-  node reclaimed, the OOM killer, ``kill -9``), the Spark job failed under the ranks
+  (``lost``), a rank killed by a signal or exiting non-zero without a Python exception
+  (``died``: a spot node reclaimed, the OOM killer, ``kill -9``, a C library's
+  ``exit(1)``/``abort()``), the Spark job failed under the ranks
   (``backend``: an executor died, a stage cancelled), a collective that failed because a
   peer vanished;
 - **restarted once**: any other exception raised in the training function. If a later
@@ -15,9 +16,12 @@ The policy (docs/faults.md, "Automatic restarts"):
 - **never restarted**: what a restart cannot fix — ``RanksOutOfSyncError``,
   ``CheckpointError``, ``CorruptDataError``, ``MultiHostSetupError``, out-of-memory errors
   raised as exceptions (``MemoryError``, CUDA/TF OOM), a stall, the job's ``timeout``,
-  too few slots within ``start_timeout``, mixed horovod builds, a rank returning early,
-  rank 0's value unpicklable. Bad arguments and an unpicklable function fail before the
-  first attempt.
+  too few slots within ``start_timeout``, mixed horovod builds, a rank returning or
+  exiting with code 0 (``os._exit(0)``) while the others still run collectives, rank 0's
+  value unpicklable. Bad arguments and an unpicklable function fail before the first
+  attempt.
+- **not a failure**: a rank killed or lost after rank 0 returned its value: rank 0's value
+  is the job's (:mod:`hvdrunner._launch.driver`).
 
 Example:
     >>> err = HorovodRunnerError("Lost host h2", rank=2, cause="lost")
@@ -31,13 +35,13 @@ import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from hvdrunner.errors import HorovodRunnerError
+from hvdrunner.errors import Cause, HorovodRunnerError
 
 #: Causes a restart can fix: the infrastructure failed, not the code.
 _INFRASTRUCTURE = {
     "lost": "a lost host or task is infrastructure",
-    "died": "a rank killed by a signal (spot reclaim, OOM killer, kill) or gone without an "
-    "exception is infrastructure",
+    "died": "a rank killed by a signal (spot reclaim, OOM killer, kill) or exiting non-zero "
+    "without a Python exception is infrastructure",
     "backend": "the Spark job failed under the ranks (an executor lost, a stage cancelled)",
 }
 #: Causes a restart cannot fix, and why.
@@ -47,7 +51,7 @@ _FINAL = {
     "timeout": "the job's own timeout bounds every attempt together",
     "start": "the ranks did not start within start_timeout",
     "builds": "mixed horovod builds stay mixed",
-    "early": "a rank that returns early does so again",
+    "early": "a rank that returns or exits (code 0) early does so again",
     "result": "rank 0's value would again not reach the driver",
 }
 #: Exceptions raised by a rank that a restart cannot fix.
@@ -69,7 +73,7 @@ class Attempt:
     number: int
     np: int
     summary: str
-    cause: str | None
+    cause: Cause | None
     place: str | None  # for a raised exception: "Type at file:line" of its innermost frame
     restart: bool
     why: str
@@ -81,9 +85,12 @@ class Attempt:
 
 
 def place_of(err: HorovodRunnerError) -> str | None:
-    """Where a raised exception came from: its type and innermost ``file:line``."""
+    """Where a raised exception came from: the rank's own account (type, innermost line and
+    a digest of the code on its stack), else its type and innermost ``file:line``."""
     if err.exc_type is None:
         return None
+    if err.place:
+        return err.place
     frames = _FRAME.findall(err.remote_traceback or "")
     where = f"{frames[-1][0]}:{frames[-1][1]}" if frames else "an unknown line"
     return f"{err.exc_type} at {where}"
@@ -130,7 +137,7 @@ def final_error(err: HorovodRunnerError, attempts: Sequence[Attempt]) -> Horovod
     return HorovodRunnerError(
         summary, rank=err.rank, exc_type=err.exc_type, remote_message=err.remote_message,
         remote_traceback=err.remote_traceback, output_tail=err.output_tail, cause=err.cause,
-        attempts=[a.line() for a in attempts],
+        attempts=[a.line() for a in attempts], place=err.place,
     )  # fmt: skip
 
 

@@ -35,6 +35,19 @@ def task_slots(sc: Any) -> tuple[int, str]:
     return slots, why
 
 
+def free_slots(sc: Any) -> tuple[int, str]:
+    """:func:`task_slots` less the tasks running now in any stage of this SparkContext
+    (other jobs of the notebook, a failed attempt's tasks still ending)."""
+    slots, why = task_slots(sc)
+    tracker = sc.statusTracker()
+    busy = 0
+    for stage in tracker.getActiveStageIds():
+        info = tracker.getStageInfo(stage)
+        busy += info.numActiveTasks if info is not None else 0
+    free = max(0, slots - busy)
+    return free, f"{why}; {busy} of {slots} slots busy with running tasks" if busy else why
+
+
 def _wait_for_slots(sc: Any, want: int, wait_s: float) -> tuple[int, str]:
     """:func:`task_slots`, polled each second until there are ``want`` or ``wait_s`` passed."""
     deadline = time.monotonic() + wait_s
@@ -71,26 +84,38 @@ def preflight(sc: Any, np: int, wait_s: float = EXECUTOR_WAIT_S) -> None:
         )
 
 
-def slots_for_restart(sc: Any, np: int, min_np: int | None, wait_s: float) -> int:
-    """How many ranks a restart runs with, once the cluster offers them (after a lost host).
+#: With ``min_np``, how long a restart waits for ``np`` free slots before it takes fewer:
+#: the failed attempt's own tasks take a moment to end after their job was cancelled.
+SETTLE_S = 3.0
 
-    ``np`` as soon as the cluster has ``np`` task slots again (a replaced node registered);
-    with ``min_np``, at once with every slot there is, between ``min_np`` and ``np``. Waits
-    at most ``wait_s`` (``start_timeout``).
+
+def slots_for_restart(sc: Any, np: int, min_np: int | None, wait_s: float) -> int:
+    """How many ranks a restart runs with, once the cluster has them free (after a lost host).
+
+    ``np`` as soon as ``np`` task slots are free (a replaced node registered, another job
+    finished); with ``min_np``, every free slot between ``min_np`` and ``np`` once
+    :data:`SETTLE_S` passed. Free means not running a task of any job of this SparkContext:
+    slots another job holds are not this job's. Waits at most ``wait_s`` (``start_timeout``).
 
     Raises:
-        ValueError: fewer slots than ``min_np`` (or ``np``) after ``wait_s``, naming both.
+        ValueError: fewer free slots than ``min_np`` (or ``np``) after ``wait_s``, naming both.
     """
     least = np if min_np is None else min_np
-    slots, why = _wait_for_slots(sc, least, wait_s)
-    if slots < least:
-        raise ValueError(
-            f"After the failure the cluster offers {slots} task slots ({why}), fewer than "
-            f"{'min_np=' if min_np is not None else 'np='}{least}, for start_timeout="
-            f"{wait_s:g}s. Add workers (a lost node is usually replaced within minutes), "
-            f"raise start_timeout, or allow fewer ranks with HorovodRunner(min_np=...)."
-        )
-    return min(np, slots)
+    start = time.monotonic()
+    while True:
+        free, why = free_slots(sc)
+        waited = time.monotonic() - start
+        if free >= np or (free >= least and waited >= min(SETTLE_S, wait_s)):
+            return min(np, free)
+        if waited >= wait_s:
+            break
+        time.sleep(0.5)
+    raise ValueError(
+        f"After the failure the cluster has {free} free task slots ({why}), fewer than "
+        f"{'min_np=' if min_np is not None else 'np='}{least}, for start_timeout="
+        f"{wait_s:g}s. Add workers (a lost node is usually replaced within minutes), "
+        f"raise start_timeout, or allow fewer ranks with HorovodRunner(min_np=...)."
+    )
 
 
 def driver_address(sc: Any) -> str:

@@ -74,6 +74,7 @@ class RankSupervisor:
         self._tail: collections.deque[str] = collections.deque(maxlen=TAIL_LINES)
         self._tail_lock = threading.Lock()
         self._error: protocol.ErrorReport | None = None
+        self._returned = False
         self._aborted = threading.Event()
         self._host_timeout = host_timeout
         self._heard = time.monotonic()  # last frame from the driver (beats included)
@@ -114,6 +115,8 @@ class RankSupervisor:
                     self._channel.send(protocol.RankState(self._rank, None))
                 elif isinstance(message, protocol.Value):
                     self._channel.send(protocol.Result(self._rank, message.blob))
+                elif isinstance(message, protocol.Returned):
+                    self._returned = True
         except (protocol.ProtocolError, OSError, EOFError):
             pass
         finally:
@@ -239,8 +242,9 @@ class RankSupervisor:
         with self._tail_lock:
             tail = list(self._tail)
         report = protocol.ExitReport(
-            self._rank, code, describe_exit(code), self._error, tuple(tail), self._aborted.is_set()
-        )
+            self._rank, code, describe_exit(code), self._error, tuple(tail),
+            self._aborted.is_set(), self._returned,
+        )  # fmt: skip
         with contextlib.suppress(OSError):
             self._channel.send(report)
         return code

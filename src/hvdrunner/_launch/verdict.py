@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from hvdrunner._launch.protocol import ExitReport
-from hvdrunner.errors import HorovodRunnerError
+from hvdrunner.errors import Cause, HorovodRunnerError
 
 
 class Task(Protocol):
@@ -111,13 +111,7 @@ def rank_failure(
     # cause of their failure, not the rank that reported it -- but only when that failure
     # is a failed collective: rank 0 failing in its own rank-0-only work at the end (an
     # unpicklable return value, MLflow logging) after the others returned is its own cause.
-    early = sorted(r for r, e in exits.items() if e.code == 0 and r != rank)
-    cause = ""
-    if early and _failed_in_a_collective(report):
-        cause = (
-            f"Rank(s) {early} had already returned (exit code 0) while the others were "
-            f"still running collectives: every rank must run the same steps. "
-        )
+    cause = _early_exit(report, exits) if _failed_in_a_collective(report) else ""
     err = report.error
     if err is not None:
         exc_type, message, trace = scrub(err.type), scrub(err.message), scrub(err.traceback)
@@ -125,9 +119,10 @@ def rank_failure(
             f"{cause}Rank {rank} failed with {exc_type}: "
             f"{_clip(message).rstrip().rstrip('.')}. The other ranks were stopped."
         )
+        kind: Cause = "early" if cause else "result" if err.stage == "result" else "raised"
         return HorovodRunnerError(
             summary, rank=rank, exc_type=exc_type, remote_message=message,
-            remote_traceback=trace, output_tail=tail, cause="early" if cause else "raised",
+            remote_traceback=trace, output_tail=tail, cause=kind, place=err.place,
         )  # fmt: skip
     return HorovodRunnerError(
         f"{cause}Rank {rank} died ({report.how}) without raising a Python exception. "
@@ -135,6 +130,29 @@ def rank_failure(
         rank=rank,
         output_tail=tail,
         cause="early" if cause else "died",
+    )
+
+
+def _early_exit(report: ExitReport, exits: dict[int, ExitReport]) -> str:
+    """The sentence naming the ranks that ended with exit code 0 while the others still ran
+    collectives (they caused ``report``'s failure), or ``""``."""
+    early = {r: e for r, e in exits.items() if e.code == 0 and not e.aborted and r != report.rank}
+    if not early:
+        return ""
+    returned = sorted(r for r, e in early.items() if e.returned)
+    exited = sorted(r for r, e in early.items() if not e.returned)
+    said = []
+    if returned:
+        said.append(f"Rank(s) {returned} had already returned (exit code 0)")
+    if exited:
+        said.append(
+            f"rank(s) {exited} had exited with code 0 before their function returned "
+            f"(os._exit(0) or a library ending the process)"
+        )
+    text = "; ".join(said)
+    return (
+        f"{text[0].upper()}{text[1:]} while the others were still running collectives: every "
+        f"rank must run the same steps. "
     )
 
 
@@ -215,4 +233,12 @@ def late_ranks_warning(ranks: Sequence[int], exit_grace: float) -> str:
         f"rank(s) {list(ranks)} still running {exit_grace:g}s (exit_grace) after rank 0 "
         f"returned; stopping them. Rank 0's value is returned. A rank that keeps working "
         f"after training (an endless loop, a thread that is not a daemon) is the usual cause."
+    )
+
+
+def lost_after_rank0_warning(failure: HorovodRunnerError) -> str:
+    """Not a failure: a rank killed or lost after rank 0 had returned its value."""
+    return (
+        f"after rank 0 returned its value: {failure.summary} Rank 0's value is the job's "
+        f"value and is returned; nothing is restarted."
     )

@@ -113,10 +113,11 @@ def main(payload_path: str) -> int:
                 f"pickled: {exc}. Return plain data (numbers, dicts, numpy arrays, paths)."
             )
             report = dataclasses.replace(error_report(exc, message), type="TypeError",
-                                         module="builtins")  # fmt: skip
+                                         module="builtins", stage="result")  # fmt: skip
             control.send(protocol.RankError(report))
             return 1
         control.send(protocol.Value(blob))
+    control.send(protocol.Returned())
     return 0
 
 

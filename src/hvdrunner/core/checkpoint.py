@@ -116,11 +116,30 @@ class CheckpointDir:
                 raise CheckpointError(f"{full} does not match the hash recorded when it was saved")
         return dict(state)
 
+    def discard_partial(self) -> list[str]:
+        """Remove the ``.tmp-…`` folders of saves that were killed mid-way; their paths.
+
+        Each holds a partial copy of the model (gigabytes on a Volume) that no load ever
+        reads. Called by :meth:`latest`, when a job (or a restarted attempt) starts, before
+        it saves: the attempt that wrote them has ended, and one job owns its directory.
+        """
+        if not os.path.isdir(self.root):
+            return []
+        torn = [os.path.join(self.root, n) for n in os.listdir(self.root) if n.startswith(".tmp-")]
+        for path in torn:
+            shutil.rmtree(path, ignore_errors=True)
+        if torn:
+            _log.warning(f"removed {len(torn)} partial checkpoint folder(s) of a save that "
+                         f"was interrupted: {', '.join(torn)}")  # fmt: skip
+        return torn
+
     def latest(self) -> tuple[int, str] | None:
         """``(epochs_done, path)`` of the newest intact checkpoint, or ``None``.
 
-        Corrupt newer ones are reported on stderr (with the one used instead) and skipped.
+        Corrupt newer ones are reported on stderr (with the one used instead) and skipped;
+        partial folders of interrupted saves are removed (:meth:`discard_partial`).
         """
+        self.discard_partial()
         skipped: list[str] = []
         for epoch, path in reversed(self.candidates()):
             try:
