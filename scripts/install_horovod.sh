@@ -17,22 +17,24 @@
 #                           package) and fails naming what is missing; a GPU node is never
 #                           given a CPU-only build unless `none` says so (with a warning)
 #   HVDRUNNER_CUDA_ARCHS    GPU builds: compute capabilities to compile the CUDA kernels for
-#                           (e.g. 90 or 80,90; the highest also as PTX for newer GPUs).
-#                           Default: this node's GPUs (nvidia-smi), else nvcc's oldest (PTX
-#                           any newer GPU runs). In the cache key as -smNN.MM
+#                           (e.g. 90 or 80,90; the highest also as PTX for newer GPUs;
+#                           `all`: every one nvcc knows, horovod's own default, ~10x the
+#                           compile). Default: this node's GPUs (nvidia-smi), else nvcc's
+#                           oldest (its PTX runs on any newer GPU). In the key as -smNN.MM
 #   --wheel                 always leave the wheel in the cache (build it if missing), even
 #                           when a good horovod is already installed; then install it
 #   --print-key             print the wheel cache key (horovod, TF, torch, Python, CUDA, flags)
 #
 #   HVDRUNNER_KEEP_INSTALLED_HOROVOD=1
 #                           keep a horovod 0.28.1 that is already installed but lacks the
-#                           gloo interface patch (e.g. DBR 15.4 LTS ML's): a warning, no
+#                           patches every build carries (e.g. DBR 15.4 LTS ML's): a warning, no
 #                           rebuild; hvdrunner then refuses multi-host jobs on hosts whose
 #                           hostname resolves to loopback, before hvd.init()
 #
 # Flags: gloo, TensorFlow and/or PyTorch (whichever is installed), no MPI/MXNet/JAX.
 # Patches (see each file for why):
 #   patches/horovod-0.28.1-gloo-process-set-iface.patch  always (multi-host gloo)
+#   patches/horovod-0.28.1-rendezvous-scopes.patch        always (hvd.init() after shutdown)
 #   patches/horovod-0.28.1-no-xla-mpi-ops.patch           TensorFlow >= 2.16
 #   patches/horovod-0.28.1-torch-cxx17.patch              torch >= 2.1
 #   patches/horovod-0.28.1-torch-cxx20.patch              torch >= 2.14 (after the one above)
@@ -51,6 +53,7 @@ WHEEL_CACHE="${HVDRUNNER_WHEEL_CACHE:-$HOME/.cache/hvdrunner/wheels}"
 GPU_MODE="${HVDRUNNER_HOROVOD_GPU:-none}"
 XLA_PATCH="$ROOT/patches/horovod-$HOROVOD_VERSION-no-xla-mpi-ops.patch"
 IFACE_PATCH="$ROOT/patches/horovod-$HOROVOD_VERSION-gloo-process-set-iface.patch"
+RENDEZVOUS_PATCH="$ROOT/patches/horovod-$HOROVOD_VERSION-rendezvous-scopes.patch"
 TORCH_PATCH="$ROOT/patches/horovod-$HOROVOD_VERSION-torch-cxx17.patch"
 TORCH20_PATCH="$ROOT/patches/horovod-$HOROVOD_VERSION-torch-cxx20.patch"
 IDLE_PATCH="$ROOT/patches/horovod-$HOROVOD_VERSION-idle-wait.patch"
@@ -90,10 +93,13 @@ if os.environ.get("HVDRUNNER_EXPECT_NCCL") == "1":
 if os.environ.get("HVDRUNNER_EXPECT_TORCH") and importlib.util.find_spec("horovod._hvdrunner_idle_wait") is None:
     sys.exit(f"horovod {horovod.__version__} lacks patches/horovod-0.28.1-idle-wait.patch (PyTorch builds carry it)")
 facts = " ".join(f"{n} [X]" for n in have) + " gloo [X]"
-if importlib.util.find_spec("horovod._hvdrunner_gloo_iface") is None:
-    print(f"horovod {horovod.__version__}: {facts} gloo-iface patch [ ]")
+# The patches every build carries (their marker modules); exit 3: usable, but without them.
+marks = {name: importlib.util.find_spec(f"horovod._hvdrunner_{module}") is not None
+         for name, module in (("gloo-iface", "gloo_iface"), ("rendezvous-scopes", "rendezvous"))}
+facts += "".join(f" {name} patch [{'X' if ok else ' '}]" for name, ok in marks.items())
+print(f"horovod {horovod.__version__}: {facts}")
+if not all(marks.values()):
     sys.exit(3)
-print(f"horovod {horovod.__version__}: {facts} gloo-iface patch [X]")
 PY
 }
 
@@ -207,7 +213,11 @@ cuda_archs() {
   # compiled by the driver for whatever GPU loads it.
   local archs="" known
   known="$(nvcc_archs)"
-  if [ -n "${HVDRUNNER_CUDA_ARCHS:-}" ]; then
+  if [ "${HVDRUNNER_CUDA_ARCHS:-}" = all ]; then
+    archs="$(printf '%s' "$known" | tr ' ' ',' | sed 's/,$//')"
+    [ -n "$archs" ] || die "nvcc --list-gpu-arch listed no architecture; set HVDRUNNER_CUDA_ARCHS (e.g. 90)"
+    say "CUDA architectures: every one nvcc knows, $archs (HVDRUNNER_CUDA_ARCHS=all: one wheel for mixed GPU generations)" >&2
+  elif [ -n "${HVDRUNNER_CUDA_ARCHS:-}" ]; then
     archs="$(printf '%s' "$HVDRUNNER_CUDA_ARCHS" | tr -d ' .')"
     printf '%s' "$archs" | grep -Eq '^[0-9]+(,[0-9]+)*$' \
       || die "HVDRUNNER_CUDA_ARCHS must list compute capabilities like 80,90 or 8.0,9.0 (got '$HVDRUNNER_CUDA_ARCHS')"
@@ -255,7 +265,7 @@ if [ "$GPU_TAG" = "cuda" ]; then
   export HOROVOD_BUILD_CUDA_CC_LIST="$CUDA_ARCHS"
   GPU_TAG="cuda$(nvcc --version | sed -n 's/.*release \([0-9.]*\).*/\1/p')-nccl${nccl_version:-unknown}-sm${CUDA_ARCHS//,/.}"
 fi
-PATCHES=("$IFACE_PATCH"); PATCH_TAG=""
+PATCHES=("$IFACE_PATCH" "$RENDEZVOUS_PATCH"); PATCH_TAG=""
 if [ "$NEEDS_XLA_PATCH" = "1" ]; then PATCHES+=("$XLA_PATCH"); PATCH_TAG="-noxla"; fi
 if [ "$NEEDS_TORCH_PATCH" = "1" ]; then PATCHES+=("$TORCH_PATCH"); PATCH_TAG="$PATCH_TAG-torchcxx17"; fi
 if [ "$NEEDS_TORCH20_PATCH" = "1" ]; then PATCHES+=("$TORCH20_PATCH"); PATCH_TAG="$PATCH_TAG-torchcxx20"; fi
@@ -282,10 +292,10 @@ if [ "$installed" = "$HOROVOD_VERSION" ] && [ "$WANT_WHEEL" = 0 ]; then
     say "horovod $HOROVOD_VERSION already installed with $FW_NAMES, gloo and hvdrunner's patches"
     exit 0
   elif [ "$rc" = 3 ] && [ "${HVDRUNNER_KEEP_INSTALLED_HOROVOD:-0}" = 1 ]; then
-    say "WARNING: keeping the installed horovod $HOROVOD_VERSION, which lacks $(basename "$IFACE_PATCH"): multi-host jobs need every host's name to resolve to its cluster address (hvdrunner checks before hvd.init())"
+    say "WARNING: keeping the installed horovod $HOROVOD_VERSION, which lacks hvdrunner's patches $(basename "$IFACE_PATCH") and $(basename "$RENDEZVOUS_PATCH"): multi-host jobs need every host's name to resolve to its cluster address (hvdrunner checks before hvd.init()); HorovodRunner serves its own fixed rendezvous, horovodrun does not"
     exit 0
   elif [ "$rc" = 3 ]; then
-    say "the installed horovod $HOROVOD_VERSION lacks $(basename "$IFACE_PATCH") (multi-host gloo): replacing it"
+    say "the installed horovod $HOROVOD_VERSION lacks hvdrunner's patches (gloo interface, rendezvous scopes): replacing it"
   fi
 fi
 "${PIP[@]}" install -q cloudpickle psutil pyyaml packaging cffi

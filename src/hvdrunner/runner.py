@@ -191,13 +191,15 @@ class HorovodRunner:
         attempts within one ``timeout``."""
         failed: list[restarts.Attempt] = []
         deadline = None if self.timeout is None else time.monotonic() + self.timeout
+        carried = _Carried()
         while True:
             number = len(failed) + 1
             np = failed[-1].np if failed else self.num_processor
             try:  # on a restart, waiting for the slots is part of the attempt
                 target = self._target(restarting=bool(failed), deadline=deadline)
                 np = target.np
-                result = self._attempt(target, payload, track_env, secrets, number, deadline)
+                result = self._attempt(target, payload, track_env, secrets, number, deadline,
+                                       carried)  # fmt: skip
             except HorovodRunnerError as err:
                 if not self.max_restarts:
                     raise
@@ -214,7 +216,7 @@ class HorovodRunner:
 
     def _attempt(
         self, target: _Target, payload: bytes, track_env: dict[str, str], secrets: list[str],
-        number: int, deadline: float | None,
+        number: int, deadline: float | None, carried: _Carried,
     ) -> Any:  # fmt: skip
         """One launch of the job: its own key, driver service, rendezvous and Spark job."""
         from horovod.runner.common.util import secret
@@ -226,6 +228,7 @@ class HorovodRunner:
         service = DriverService(
             target.np, key, rendezvous_addr=target.addr, bind=target.bind,
             extra_env={**track_env, ATTEMPT_ENV: str(number)}, secrets=secrets,
+            resume_commit=carried.commit,
         )  # fmt: skip
         spec = TaskSpec(
             driver_addr=target.addr,
@@ -248,7 +251,10 @@ class HorovodRunner:
         )
         _log.info(f"launching {target.np} Horovod ranks on {target.where}"
                   + (f" (attempt {number})" if number > 1 else ""))  # fmt: skip
-        return self._supervise(target.launch(spec), service, deadline)
+        try:
+            return self._supervise(target.launch(spec), service, deadline)
+        finally:
+            carried.commit = service.commit
 
     def _target(self, restarting: bool = False, deadline: float | None = None) -> _Target:
         """Where the ranks run: driver processes (np<0) or Spark barrier tasks, checked; on a
@@ -308,6 +314,14 @@ class HorovodRunner:
                 f"job {'finished' if ok else 'failed'} after {time.monotonic() - started:.1f}s"
             )
         return result
+
+
+@dataclass
+class _Carried:
+    """What one attempt leaves the next: Horovod elastic code's last ``state.commit()``
+    (:mod:`hvdrunner._launch.commits`)."""
+
+    commit: bytes | None = None
 
 
 @dataclass(frozen=True)

@@ -22,7 +22,7 @@ from horovod.runner.common.util.hosts import HostInfo, get_host_assignments
 from horovod.runner.gloo_run import create_slot_env_vars
 from horovod.runner.http.http_server import RendezvousServer
 
-from hvdrunner._launch import protocol, verdict
+from hvdrunner._launch import commits, protocol, rendezvous, verdict
 from hvdrunner._launch.job import JobState
 from hvdrunner._launch.verdict import lost_failure, rank_failure, stall_failure
 from hvdrunner._logging import get_logger
@@ -37,24 +37,6 @@ ABORT_WAIT_S = 10.0
 SILENT_AT_VERDICT_S = 5.0
 #: How long close() waits for each of the service's own threads to end.
 CLOSE_WAIT_S = 2.0
-
-
-def _stop_rendezvous(server: RendezvousServer) -> None:
-    """Stop Horovod's rendezvous HTTP server and close its listening socket.
-
-    ``RendezvousServer.stop()`` waits out socketserver's 0.5 s poll interval, in a thread so
-    that run() does not; ``server_close()`` then releases the port (stop() alone leaves it
-    listening until the object is collected)."""
-    httpd = getattr(server, "_httpd", None)
-
-    def stop() -> None:
-        with contextlib.suppress(Exception):
-            server.stop()
-        if httpd is not None:
-            with contextlib.suppress(Exception):
-                httpd.server_close()
-
-    threading.Thread(target=stop, name="hvdrunner-rendezvous-stop", daemon=True).start()
 
 
 class _Conn:
@@ -88,8 +70,13 @@ class DriverService:
         bind: str = "0.0.0.0",
         extra_env: dict[str, str] | None = None,
         secrets: list[str] | None = None,
+        resume_commit: bytes | None = None,
     ) -> None:
         self.np = np
+        # The last Horovod elastic commit of the job's attempts so far (commits.py): rank 0
+        # of this attempt resumes from it; updated by this attempt's own commits.
+        self._resume_commit = resume_commit
+        self.commit = resume_commit
         # Sent to each rank over the authenticated channel, never in the pickled payload.
         self._extra_env = dict(extra_env or {})
         self._secrets = [s for s in (secrets or []) if s]
@@ -177,7 +164,7 @@ class DriverService:
         for conn in conns:
             conn.channel.close()
         if self._rendezvous is not None:
-            _stop_rendezvous(self._rendezvous)
+            rendezvous.stop(self._rendezvous)
             self._rendezvous = None
         for thread in self._threads:
             if thread is not threading.current_thread():
@@ -193,10 +180,7 @@ class DriverService:
         hosts = [HostInfo(h, len(cs)) for h, cs in by_host.items()]
         num_hosts = str(len(by_host))
         plan = get_host_assignments(hosts, self.np)
-        rendezvous = RendezvousServer()
-        rendezvous_port = rendezvous.start()
-        rendezvous.init(plan)
-        self._rendezvous = rendezvous
+        self._rendezvous, rendezvous_port = rendezvous.start(plan)
         slots = iter(plan)
         for cs in by_host.values():
             for conn in cs:
@@ -204,6 +188,8 @@ class DriverService:
                 conn.rank = slot.rank
                 env = create_slot_env_vars(slot)
                 env.update(self._extra_env)
+                if self._resume_commit is not None:
+                    env[commits.RESUME_ENV] = "1"
                 env.update(
                     {
                         "HOROVOD_GLOO_RENDEZVOUS_ADDR": self._rendezvous_addr,
@@ -213,7 +199,8 @@ class DriverService:
                         protocol.NUM_HOSTS_ENV: num_hosts,
                     }
                 )
-                conn.channel.send(protocol.Assign(env))
+                commit = self._resume_commit if slot.rank == 0 else None
+                conn.channel.send(protocol.Assign(env, commit))
 
     def abort(self) -> None:
         """Tell every connected rank to stop (their supervisors kill the rank processes)."""
@@ -267,6 +254,19 @@ class DriverService:
         if deadline is None and timeout is not None:
             deadline = started + timeout
         job = JobState(self.np, self._assign, self._lost_failure)
+        try:
+            return self._run_job(job, emit, exit_grace, timeout, deadline, stall_timeout,
+                                 start_timeout, job_error, host_timeout, started)  # fmt: skip
+        finally:
+            self.commit = job.commit or self.commit
+
+    def _run_job(
+        self, job: JobState, emit: Callable[[str], None], exit_grace: float,
+        timeout: float | None, deadline: float | None, stall_timeout: float,
+        start_timeout: float, job_error: Callable[[], BaseException | None],
+        host_timeout: float, started: float,
+    ) -> Any:  # fmt: skip
+        """The event loop of :meth:`wait`, then its verdict."""
         while job.running:
             now = time.monotonic()
             if job.rank0_done is not None and now - job.rank0_done > exit_grace:

@@ -14,6 +14,7 @@ from typing import Any
 
 from hvdrunner._launch import verdict
 from hvdrunner._launch.protocol import (
+    Committed,
     Disconnected,
     ExitReport,
     Message,
@@ -46,6 +47,7 @@ class JobState:
         self.assigned = False
         self.exits: dict[int, ExitReport] = {}
         self.result: bytes | None = None
+        self.commit: bytes | None = None  # rank 0's last Horovod elastic commit
         self.failure: HorovodRunnerError | None = None  # decided: stop now
         self.failed_report: ExitReport | None = None  # a rank failed: verdict after the drain
         self.rank0_done: float | None = None
@@ -54,6 +56,7 @@ class JobState:
         self._handlers: dict[type, Callable[[Any, Any], None]] = {
             Register: self.on_register, Result: self.on_result, RankState: self.on_state,
             ExitReport: self.on_exit, Disconnected: self.on_disconnect,
+            Committed: self.on_commit,
         }  # fmt: skip
 
     @property
@@ -84,6 +87,9 @@ class JobState:
 
     def on_result(self, task: Task, msg: Result) -> None:
         self.result = msg.value
+
+    def on_commit(self, task: Task, msg: Committed) -> None:
+        self.commit = msg.blob
 
     def on_state(self, task: Task, msg: RankState) -> None:
         if msg.stuck is None:

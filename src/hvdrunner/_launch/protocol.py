@@ -8,9 +8,9 @@ connection never reaches ``pickle.loads``.
 Three channels, each with its own vocabulary, checked on receipt (:func:`expect`):
 - the driver tells a task :data:`TO_TASK` (``Assign``, ``Abort``, ``Beat``);
 - a task tells the driver :data:`TO_DRIVER` (``Register``, ``Output``, ``RankState``,
-  ``Result``, ``ExitReport``, ``Beat``);
+  ``Result``, ``Committed``, ``ExitReport``, ``Beat``);
 - a rank process tells its supervisor, over a pipe, :data:`TO_SUPERVISOR` (``Log``,
-  ``Stuck``, ``Moving``, ``Value``, ``Returned``, ``RankError``).
+  ``Stuck``, ``Moving``, ``Value``, ``Commit``, ``Returned``, ``RankError``).
 """
 
 from __future__ import annotations
@@ -55,9 +55,12 @@ class Beat:
 # -- what the driver tells a task ---------------------------------------------------------------
 @dataclass(frozen=True)
 class Assign:
-    """The rank's Horovod environment (rank, sizes, rendezvous, the job's extra variables)."""
+    """The rank's Horovod environment (rank, sizes, rendezvous, the job's extra variables);
+    for rank 0 of an attempt that resumes, the last Horovod elastic commit
+    (:mod:`hvdrunner._launch.commits`)."""
 
     env: dict[str, str]
+    commit: bytes | None = None
 
 
 @dataclass(frozen=True)
@@ -113,6 +116,13 @@ class Moving:
 @dataclass(frozen=True)
 class Value:
     """Rank 0's return value, cloudpickled in the rank."""
+
+    blob: bytes
+
+
+@dataclass(frozen=True)
+class Commit:
+    """Rank 0's last Horovod elastic ``state.commit()``, pickled (:mod:`.commits`)."""
 
     blob: bytes
 
@@ -177,6 +187,14 @@ class Result:
 
 
 @dataclass(frozen=True)
+class Committed:
+    """Rank ``rank``'s last Horovod elastic commit, for the next attempt of the job."""
+
+    rank: int
+    blob: bytes
+
+
+@dataclass(frozen=True)
 class RankState:
     """The watchdog of rank ``rank``: where it has been stuck (``None``: it moves again)."""
 
@@ -189,11 +207,11 @@ class Disconnected:
     """The connection to a task dropped (made by the driver, never sent)."""
 
 
-Message = Register | ExitReport | Output | Result | RankState | Disconnected
+Message = Register | ExitReport | Output | Result | Committed | RankState | Disconnected
 #: Each channel's vocabulary (see the module docstring).
 TO_TASK = (Assign, Abort, Beat)
-TO_DRIVER = (Register, ExitReport, Output, Result, RankState, Beat)
-TO_SUPERVISOR = (Log, Stuck, Moving, Value, Returned, RankError)
+TO_DRIVER = (Register, ExitReport, Output, Result, Committed, RankState, Beat)
+TO_SUPERVISOR = (Log, Stuck, Moving, Value, Commit, Returned, RankError)
 
 
 def expect(message: object, vocabulary: tuple[type, ...], sender: str) -> Any:

@@ -21,6 +21,7 @@ from typing import IO
 import psutil
 
 from hvdrunner._launch import protocol
+from hvdrunner._launch.commits import COMMIT_FILE_ENV
 from hvdrunner._launch.worker import CONTROL_FD_ENV
 from hvdrunner._logging import get_logger
 from hvdrunner._noise import noisy
@@ -63,8 +64,10 @@ class RankSupervisor:
         host_timeout: float = 30.0,
         quiet: tuple[str, ...] = (),
         quiet_without_gpu: tuple[str, ...] = (),
+        commit: bytes | None = None,
     ) -> None:
         self._channel = channel
+        self._commit = commit  # the elastic commit this rank resumes from (rank 0 only)
         self._rank = rank
         self._env = dict(env)
         self._payload = payload
@@ -117,6 +120,8 @@ class RankSupervisor:
                     self._channel.send(protocol.Result(self._rank, message.blob))
                 elif isinstance(message, protocol.Returned):
                     self._returned = True
+                elif isinstance(message, protocol.Commit):
+                    self._channel.send(protocol.Committed(self._rank, message.blob))
         except (protocol.ProtocolError, OSError, EOFError):
             pass
         finally:
@@ -194,6 +199,11 @@ class RankSupervisor:
                 f.write(self._payload)
             read_fd, write_fd = os.pipe()
             env = dict(self._env)
+            if self._commit is not None:
+                commit_path = os.path.join(tmp, "commit.pkl")
+                with open(commit_path, "wb") as f:
+                    f.write(self._commit)
+                env[COMMIT_FILE_ENV] = commit_path
             env[CONTROL_FD_ENV] = str(write_fd)
             env["PYTHONUNBUFFERED"] = "1"
             try:

@@ -153,7 +153,7 @@ def run_slot(spec: TaskSpec, partition: int, address: str, task_gpus: Sequence[s
             return 1
         supervisor = RankSupervisor(
             channel, rank, env, spec.payload, spec.forward_output, spec.host_timeout,
-            quiet=spec.quiet, quiet_without_gpu=spec.quiet_without_gpu,
+            quiet=spec.quiet, quiet_without_gpu=spec.quiet_without_gpu, commit=message.commit,
         )  # fmt: skip
         return supervisor.run()
     finally:

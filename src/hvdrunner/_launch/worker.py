@@ -18,7 +18,7 @@ import traceback
 
 import cloudpickle
 
-from hvdrunner._launch import protocol
+from hvdrunner._launch import commits, protocol
 from hvdrunner._launch.protocol import PipeWriter, error_report
 
 CONTROL_FD_ENV = "HVDRUNNER_CONTROL_FD"
@@ -85,6 +85,8 @@ def main(payload_path: str) -> int:
     from hvdrunner import _logging
 
     _logging.install_channel(lambda rank, text: control.send(protocol.Log(rank, text)))
+    # Horovod elastic commits reach the driver, for a restarted attempt to resume from.
+    commits.install(lambda blob: control.send(protocol.Commit(blob)))
     from hvdrunner._launch import watchdog
 
     watchdog.start(control.send, _listed(LIBRARY_DIRS_ENV))
