@@ -7,19 +7,25 @@
 # MAGIC | widget | meaning | default |
 # MAGIC |---|---|---|
 # MAGIC | `source` | `sklearn:digits` (bundled, no download), a table name, or a path | `sklearn:digits` |
-# MAGIC | `output_dir` | where train/test are written (`/Volumes/…`, `dbfs:/…`, a local dir off Databricks) | `/Volumes/main/default/hvdrunner/data` on Databricks, `./.hvdrunner/data` elsewhere |
+# MAGIC | `output_dir` | where train/test are written (`/Volumes/…`, `dbfs:/…`, a local dir off Databricks) | `/Volumes/<current catalog>/<current schema>/hvdrunner/data` on Databricks, `./.hvdrunner/data` elsewhere |
 # MAGIC | `test_fraction` | share of rows held out for testing | `0.2` |
 # MAGIC
 # MAGIC Task values set: `train_path`, `test_path`.
 
 # COMMAND ----------
 
-# MAGIC %pip install -r ../requirements.txt
-
-# COMMAND ----------
-
-# Since DBR 13 a %pip install needs a restart before the new packages import.
-dbutils.library.restartPython()
+# hvdrunner and its horovod wheel: the bundle's jobs attach them as task libraries. A
+# notebook imported by hand needs them installed first (docs/install.md): a cell above with
+#   %pip install /Volumes/<catalog>/<schema>/hvdrunner/wheels/<runtime>/*.whl
+# then dbutils.library.restartPython(), or both wheels as cluster libraries.
+try:
+    import hvdrunner
+except ImportError as exc:
+    raise ImportError(
+        "hvdrunner is not installed on this cluster: install the wheels hvdrunner_build_horovod "
+        "published (%pip install /Volumes/<catalog>/<schema>/hvdrunner/wheels/<runtime>/*.whl, "
+        "then dbutils.library.restartPython()), or attach them as cluster libraries"
+    ) from exc
 
 # COMMAND ----------
 

@@ -12,33 +12,48 @@
 # MAGIC | `np` | Horovod ranks (`>0`: Spark tasks, `<0`: driver processes) | `2` |
 # MAGIC | `epochs`, `batch_size`, `learning_rate` | training; batch is per rank, LR is scaled by `np` | `10`, `32`, `0.001` |
 # MAGIC | `warmup_epochs` | linear LR warmup | `2` |
-# MAGIC | `experiment` | MLflow experiment (a workspace path on Databricks) | `hvdrunner-digits` |
-# MAGIC | `checkpoint_dir` | rank-0 checkpoints; a retried job resumes from them (empty: none) | `` |
-# MAGIC | `cache_dir` | where the DataFrame is materialized for the ranks (every node must see it) | `/Volumes/main/default/hvdrunner/cache` on Databricks, `./.hvdrunner/cache` elsewhere |
+# MAGIC | `experiment` | MLflow experiment | `/Users/<you>/hvdrunner-digits` on Databricks, `hvdrunner-digits` elsewhere |
+# MAGIC | `run_key` | a job's run id (`{{job.run_id}}`): a retry of the task continues the MLflow run and the checkpoints of its first try (empty: a new run) | `` |
+# MAGIC | `checkpoint_dir` | rank-0 checkpoints; a retry resumes from them (empty: `checkpoints/<run_key>` beside `cache_dir` with a `run_key`, else none) | `` |
+# MAGIC | `features`, `label` | the training table's feature and label columns | `pixels`, `label` |
+# MAGIC | `max_restarts` | restarts of a failed job inside this task (a lost node, a killed rank), resuming from the checkpoint | `1` |
+# MAGIC | `registered_model_name` | register the model (Unity Catalog: `<catalog>.<schema>.<model>`; empty: log only) | `` |
+# MAGIC | `cache_dir` | where the DataFrame is materialized for the ranks (every node must see it) | `/Volumes/<current catalog>/<current schema>/hvdrunner/cache` on Databricks, `./.hvdrunner/cache` elsewhere |
 # MAGIC | `train_path` | training data (empty: task value of `prepare_data`; set it when running by hand) | `` |
 # MAGIC
 # MAGIC Task values set: `model_uri`, `run_id`.
 
 # COMMAND ----------
 
-# MAGIC %pip install -r ../requirements.txt
+# hvdrunner and its horovod wheel: the bundle's jobs attach them as task libraries. A
+# notebook imported by hand needs them installed first (docs/install.md): a cell above with
+#   %pip install /Volumes/<catalog>/<schema>/hvdrunner/wheels/<runtime>/*.whl
+# then dbutils.library.restartPython(), or both wheels as cluster libraries.
+try:
+    import hvdrunner
+except ImportError as exc:
+    raise ImportError(
+        "hvdrunner is not installed on this cluster: install the wheels hvdrunner_build_horovod "
+        "published (%pip install /Volumes/<catalog>/<schema>/hvdrunner/wheels/<runtime>/*.whl, "
+        "then dbutils.library.restartPython()), or attach them as cluster libraries"
+    ) from exc
 
 # COMMAND ----------
 
-# Since DBR 13 a %pip install needs a restart before the new packages import.
-dbutils.library.restartPython()
-
-# COMMAND ----------
-
-from hvdrunner.notebook import default_dir
+from hvdrunner.notebook import default_dir, default_experiment
 
 dbutils.widgets.text("np", "2", "Horovod ranks")
 dbutils.widgets.text("epochs", "10", "Epochs")
 dbutils.widgets.text("batch_size", "32", "Batch size per rank")
 dbutils.widgets.text("learning_rate", "0.001", "Learning rate (before scaling)")
 dbutils.widgets.text("warmup_epochs", "2", "Warmup epochs")
-dbutils.widgets.text("experiment", "hvdrunner-digits", "MLflow experiment")
+dbutils.widgets.text("experiment", default_experiment("hvdrunner-digits"), "MLflow experiment")
+dbutils.widgets.text("run_key", "", "Job run id (a retry continues its run)")
 dbutils.widgets.text("checkpoint_dir", "", "Checkpoint directory")
+dbutils.widgets.text("features", "pixels", "Feature column")
+dbutils.widgets.text("label", "label", "Label column")
+dbutils.widgets.text("max_restarts", "1", "Restarts of a failed job")
+dbutils.widgets.text("registered_model_name", "", "Registered model name")
 dbutils.widgets.text("cache_dir", default_dir("cache"), "Data cache directory")
 dbutils.widgets.text("train_path", "", "Training data path")
 
@@ -65,9 +80,11 @@ from hvdrunner.torch import fit
 
 w = dbutils.widgets.get
 train_path = upstream(dbutils, "train_path", "prepare_data")
-with tracking.mlflow_run(experiment=w("experiment"), run_name=f"torch-np{w('np')}") as run:
-    data = prepare(datasets.read(spark, train_path), features="pixels", label="label", cache_dir=w("cache_dir"))
-    result = HorovodRunner(np=int(w("np")), driver_log_verbosity="all").run(
+run_key = w("run_key") or None
+checkpoint_dir = w("checkpoint_dir") or (f"{default_dir('checkpoints')}/{run_key}" if run_key else None)
+with tracking.mlflow_run(experiment=w("experiment"), run_name=f"torch-np{w('np')}", resume_key=run_key) as run:
+    data = prepare(datasets.read(spark, train_path), features=w("features"), label=w("label"), cache_dir=w("cache_dir"))
+    result = HorovodRunner(np=int(w("np")), driver_log_verbosity="all", max_restarts=int(w("max_restarts"))).run(
         fit,
         build_model=build_model,
         data=data,
@@ -77,7 +94,8 @@ with tracking.mlflow_run(experiment=w("experiment"), run_name=f"torch-np{w('np')
         warmup_epochs=int(w("warmup_epochs")),
         loss="cross_entropy",
         metrics=["accuracy"],
-        checkpoint_dir=w("checkpoint_dir") or None,
+        checkpoint_dir=checkpoint_dir,
+        registered_model_name=w("registered_model_name") or None,
     )
 dbutils.jobs.taskValues.set("model_uri", result.model_uri)
 dbutils.jobs.taskValues.set("run_id", run.info.run_id)

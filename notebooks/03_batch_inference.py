@@ -11,16 +11,22 @@
 # MAGIC | `train_task` | the training task whose model is scored: `train_keras` or `train_torch` | `train_keras` |
 # MAGIC | `model_uri` | MLflow model (empty: task value of `train_task`) | `` |
 # MAGIC | `run_id` | run to log `test_accuracy` to (empty: task value of `train_task`) | `` |
-# MAGIC | `predictions_path` | where predictions are written | `/Volumes/main/default/hvdrunner/predictions` on Databricks, `./.hvdrunner/predictions` elsewhere |
+# MAGIC | `predictions_path` | where predictions are written | `/Volumes/<current catalog>/<current schema>/hvdrunner/predictions` on Databricks, `./.hvdrunner/predictions` elsewhere |
 
 # COMMAND ----------
 
-# MAGIC %pip install -r ../requirements.txt
-
-# COMMAND ----------
-
-# Since DBR 13 a %pip install needs a restart before the new packages import.
-dbutils.library.restartPython()
+# hvdrunner and its horovod wheel: the bundle's jobs attach them as task libraries. A
+# notebook imported by hand needs them installed first (docs/install.md): a cell above with
+#   %pip install /Volumes/<catalog>/<schema>/hvdrunner/wheels/<runtime>/*.whl
+# then dbutils.library.restartPython(), or both wheels as cluster libraries.
+try:
+    import hvdrunner
+except ImportError as exc:
+    raise ImportError(
+        "hvdrunner is not installed on this cluster: install the wheels hvdrunner_build_horovod "
+        "published (%pip install /Volumes/<catalog>/<schema>/hvdrunner/wheels/<runtime>/*.whl, "
+        "then dbutils.library.restartPython()), or attach them as cluster libraries"
+    ) from exc
 
 # COMMAND ----------
 

@@ -49,10 +49,11 @@ def test_notebook_format(path):
     cells = parse(path)
     assert cells[0].magic == "md", "first cell must be markdown saying what the notebook does"
     assert "widget" in cells[0].source  # documents its parameters
-    pip = next(i for i, c in enumerate(cells) if c.magic == "pip")
-    assert "-r ../requirements.txt" in cells[pip].source
-    # Since DBR 13 a %pip install needs a restart before the new packages import.
-    assert cells[pip + 1].source.strip().endswith("dbutils.library.restartPython()")
+    # No %pip of a file beside the notebook (one imported by hand has none): the jobs attach
+    # the wheels as task libraries; the first code cell says how to install them otherwise.
+    assert not [c for c in cells if c.magic == "pip"]
+    first = next(c for c in cells if c.magic is None)
+    assert "import hvdrunner" in first.source and "docs/install.md" in first.source
     assert "taskValues.get(" not in path.read_text()  # upstream() passes the debugValue
     source = path.read_text()
     for needle in ("model.fit(", "for epoch", "hvd.init(", ".write.parquet("):

@@ -13,6 +13,11 @@ from dataclasses import dataclass
 from urllib.parse import urlparse
 
 
+def on_databricks() -> bool:
+    """Whether this process runs on a Databricks cluster (its runtime sets the variable)."""
+    return "DATABRICKS_RUNTIME_VERSION" in os.environ
+
+
 @dataclass(frozen=True)
 class Location:
     """Where data lives: ``spark_url`` for Spark writers, ``local_path`` for file APIs."""

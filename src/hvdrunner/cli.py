@@ -1,4 +1,4 @@
-"""Command line: ``python -m hvdrunner doctor | demo``."""
+"""Command line: ``python -m hvdrunner doctor | demo | migrate``."""
 
 from __future__ import annotations
 
@@ -40,7 +40,14 @@ def main(argv: list[str] | None = None) -> int:
     demo.add_argument("--workdir", default=".hvdrunner/demo", help="data, cache and task values")
     demo.add_argument("--param", action="append", default=[], metavar="WIDGET=VALUE",
                       help="set a notebook widget, e.g. --param feed=petastorm (repeatable)")  # fmt: skip
+    migrate = sub.add_parser("migrate", add_help=False,
+                             help="rewrite HorovodRunner notebooks' imports for hvdrunner (a dry run unless --write)")  # fmt: skip
+    migrate.add_argument("rest", nargs=argparse.REMAINDER)
     args = parser.parse_args(argv)
+    if args.command == "migrate":
+        from hvdrunner.migrate import main as migrate_main
+
+        return migrate_main(args.rest)
     if args.command == "doctor":
         from hvdrunner.doctor import run_doctor
 

@@ -2,16 +2,12 @@
 
 from __future__ import annotations
 
-import os
 from typing import Any
 
 from hvdrunner import _paths
+from hvdrunner._paths import on_databricks
 
 DIGITS = "sklearn:digits"
-
-
-def on_databricks() -> bool:
-    return "DATABRICKS_RUNTIME_VERSION" in os.environ
 
 
 def table_format() -> str:

@@ -7,7 +7,7 @@
 
 Example:
     >>> from hvdrunner.data import prepare
-    >>> data = prepare(df, cache_dir="/Volumes/main/default/cache", features="pixels", label="label")  # doctest: +SKIP
+    >>> data = prepare(df, cache_dir="/Volumes/<catalog>/<schema>/hvdrunner/cache", features="pixels", label="label")  # doctest: +SKIP
     >>> def train():
     ...     import hvdrunner.hvd_keras as hvd; hvd.init()
     ...     with data.tf_dataset(batch_size=64) as ds:        # this rank's shard, endless

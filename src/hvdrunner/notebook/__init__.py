@@ -4,14 +4,15 @@
 - ``shim``: the local ``dbutils`` (widgets, task values, ``notebook.exit``,
   ``library.restartPython``) and ``display``.
 - ``upstream``: a widget's value, else an upstream task's value (the shipped notebooks);
-  ``default_dir``: a folder default that is a volume on Databricks, local elsewhere.
+  ``default_dir``, ``default_experiment``: defaults that are a volume of the current
+  catalog and schema and a workspace path on Databricks, local elsewhere.
 
 Example:
     >>> from hvdrunner.notebook import run  # doctest: +SKIP
     >>> run(["notebooks/01_prepare_data.py"], {"np": "2"}, ".hvdrunner/tv.json", "local[2]")
 """
 
-from hvdrunner.notebook.params import default_dir, upstream
+from hvdrunner.notebook.params import default_dir, default_experiment, storage_root, upstream
 from hvdrunner.notebook.run import (
     NotebookError,
     check_params,
@@ -30,10 +31,12 @@ __all__ = [
     "NotebookExit",
     "check_params",
     "default_dir",
+    "default_experiment",
     "main",
     "parse",
     "run",
     "run_notebook",
+    "storage_root",
     "task_key",
     "upstream",
     "widgets",

@@ -1,25 +1,81 @@
-"""Notebook parameters that fall back to an upstream task's value, on Databricks and here."""
+"""Notebook parameters: defaults that work on Databricks and here, and upstream task values.
+
+On Databricks (``DATABRICKS_RUNTIME_VERSION`` set) a folder default is in the Unity Catalog
+volume ``hvdrunner`` of the session's *current* catalog and schema (no ``main`` catalog is
+assumed) and the MLflow experiment is in the user's workspace folder; anywhere else they are
+``./.hvdrunner/<name>`` and a plain experiment name, so the notebooks run unchanged on a
+laptop.
+"""
 
 from __future__ import annotations
 
 import os
 from typing import Any
 
-#: Where the shipped notebooks keep their files on Databricks when no widget says otherwise.
-DATABRICKS_ROOT = "/Volumes/main/default/hvdrunner"
+from hvdrunner._logging import get_logger
+from hvdrunner._paths import on_databricks
+
+#: Where Unity Catalog volumes are mounted on a Databricks node (tests point it elsewhere).
+VOLUMES_ENV = "HVDRUNNER_VOLUMES_ROOT"
+VOLUME = "hvdrunner"
+
+
+def _session() -> Any:
+    from pyspark.sql import SparkSession
+
+    spark = SparkSession.getActiveSession()
+    if spark is None:
+        raise RuntimeError("no active SparkSession: notebook defaults need the notebook's `spark`")
+    return spark
+
+
+def storage_root() -> str:
+    """The folder the notebooks keep data, cache, checkpoints and predictions under.
+
+    On Databricks: ``/Volumes/<current catalog>/<current schema>/hvdrunner``, with a warning
+    naming the ``CREATE VOLUME`` statement when that volume does not exist (set the folder
+    widgets instead to use another place). Elsewhere: ``./.hvdrunner``.
+
+    Example:
+        >>> storage_root()  # off Databricks  # doctest: +SKIP
+        '/home/me/project/.hvdrunner'
+    """
+    if not on_databricks():
+        return os.path.join(os.getcwd(), ".hvdrunner")
+    spark = _session()
+    catalog, schema = spark.catalog.currentCatalog(), spark.catalog.currentDatabase()
+    root = f"{os.environ.get(VOLUMES_ENV, '/Volumes')}/{catalog}/{schema}/{VOLUME}"
+    if not os.path.isdir(root):
+        get_logger().warning(
+            f"{root} does not exist: create it once (SQL: CREATE VOLUME {catalog}.{schema}."
+            f"{VOLUME}; or `databricks volumes create {catalog} {schema} {VOLUME} MANAGED`), or "
+            f"set this notebook's folder widgets to a volume you can write"
+        )
+    return root
 
 
 def default_dir(name: str) -> str:
-    """A notebook's default folder ``name``: under :data:`DATABRICKS_ROOT` on Databricks,
-    under ``./.hvdrunner`` anywhere else, so the notebooks run unchanged on a laptop.
+    """A notebook's default folder ``name`` under :func:`storage_root`.
 
     Example:
         >>> default_dir("data")  # off Databricks  # doctest: +SKIP
         '/home/me/project/.hvdrunner/data'
     """
-    if "DATABRICKS_RUNTIME_VERSION" in os.environ:
-        return f"{DATABRICKS_ROOT}/{name}"
-    return os.path.join(os.getcwd(), ".hvdrunner", name)
+    return f"{storage_root()}/{name}" if on_databricks() else os.path.join(storage_root(), name)
+
+
+def default_experiment(name: str) -> str:
+    """An MLflow experiment a notebook can create: ``/Users/<current user>/<name>`` on
+    Databricks (a workspace wants a workspace path), ``name`` elsewhere.
+
+    Example:
+        >>> default_experiment("hvdrunner-digits")  # off Databricks
+        'hvdrunner-digits'
+    """
+    if not on_databricks():
+        return name
+    user = _session().sql("SELECT current_user()").first()[0]
+    return f"/Users/{user}/{name}"
 
 
 def upstream(dbutils: Any, widget: str, task: str, key: str | None = None) -> Any:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import time
 from collections.abc import Iterator, Mapping
 from typing import Any
@@ -211,11 +212,19 @@ def _forget_active_run(run_id: str) -> None:
 
 @contextlib.contextmanager
 def mlflow_run(
-    experiment: str | None = None, run_name: str | None = None, tracking_uri: str | None = None
-) -> Iterator[Any]:
+    experiment: str | None = None, run_name: str | None = None, tracking_uri: str | None = None,
+    resume_key: str | None = None,
+) -> Iterator[Any]:  # fmt: skip
     """Start an MLflow run for a job when the notebook has none; ends FAILED on error.
 
+    ``resume_key``: the run continues the experiment's run tagged with the same key, if
+    there is one, instead of starting another: a job's task retry (which runs the notebook
+    again) passes its job run id (``{{job.run_id}}``) and continues the run its first try
+    started, with ``fit(checkpoint_dir=...)`` resuming from that try's checkpoint (every
+    epoch's metrics once). Keys are letters, digits, ``._-``.
+
     Raises:
+        ValueError: a ``resume_key`` with other characters.
         TrackingError: the tracking server is unreachable or refuses the run (bounded:
             seconds, one try), naming the URI and the fix.
 
@@ -225,6 +234,11 @@ def mlflow_run(
     """
     import mlflow
 
+    if resume_key is not None and not _RESUME_KEY.fullmatch(resume_key):
+        raise ValueError(
+            f"resume_key={resume_key!r}: use letters, digits and ._- only (a job run id, "
+            f"{{{{job.run_id}}}} in a job's parameters, is one)."
+        )
     if tracking_uri:
         mlflow.set_tracking_uri(tracking_uri)
     uri = mlflow.get_tracking_uri()
@@ -232,7 +246,7 @@ def mlflow_run(
         with _bounded_http():  # a server that is down fails in seconds, not MLflow's minutes
             if experiment:
                 mlflow.set_experiment(experiment)
-            active = mlflow.start_run(run_name=run_name)
+            active = _start(mlflow, run_name, resume_key)
     except Exception as exc:  # noqa: BLE001 - MLflow raises many types for one cause
         raise TrackingError(
             f"MLflow tracking at {uri} could not start a run ({type(exc).__name__}: "
@@ -244,6 +258,27 @@ def mlflow_run(
         yield run
     if uri.startswith("sqlite:"):
         _log.info(f"view the run: mlflow ui --backend-store-uri {uri}")
+
+
+RESUME_KEY_TAG = "hvdrunner.resume_key"
+_RESUME_KEY = re.compile(r"[A-Za-z0-9._-]{1,200}")
+
+
+def _start(mlflow: Any, run_name: str | None, resume_key: str | None) -> Any:
+    """A new run, or the one of ``resume_key`` in the current experiment (newest first)."""
+    if not resume_key:
+        return mlflow.start_run(run_name=run_name)
+    from mlflow.tracking.fluent import _get_experiment_id
+
+    found = mlflow.MlflowClient().search_runs(
+        [_get_experiment_id()], filter_string=f"tags.`{RESUME_KEY_TAG}` = '{resume_key}'",
+        max_results=1, order_by=["attributes.start_time DESC"],
+    )  # fmt: skip
+    if not found:
+        return mlflow.start_run(run_name=run_name, tags={RESUME_KEY_TAG: resume_key})
+    _log.info(f"continuing MLflow run {found[0].info.run_id} of resume_key={resume_key} "
+              f"(it was {found[0].info.status})")  # fmt: skip
+    return mlflow.start_run(run_id=found[0].info.run_id)
 
 
 # -- rank side -------------------------------------------------------------------------------
