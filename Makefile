@@ -29,7 +29,7 @@ export PYSPARK_PYTHON := $(abspath $(PY))
 export PYSPARK_DRIVER_PYTHON := $(abspath $(PY))
 export TF_CPP_MIN_LOG_LEVEL ?= 2
 
-.PHONY: demo test test-all test-tf-keras docs env doctor lint bench gpu-check clean-env
+.PHONY: demo test test-all test-tf-keras docs env doctor lint bench gpu-check release clean-env
 
 demo: $(STAMP)        ## the main job: 2 Horovod ranks on local Spark, MLflow in ./mlflow.db
 	$(PY) -m hvdrunner demo --framework $(FRAMEWORK)
@@ -80,6 +80,11 @@ ifeq ($(STACK),modern)
 	$(PY) benchmarks/ring_model.py --hosts 3  # needs root: 4..32 hosts on paper, checked on 3 netns hosts
 endif
 endif
+
+release: $(STAMP)     ## the package for an index: sdist + wheel into dist/, metadata checked (docs/install.md)
+	rm -rf dist
+	$(PY) -m build --no-isolation --outdir dist .
+	$(PY) -m twine check --strict dist/*
 
 gpu-check:            ## on a GPU machine: NCCL wheel, ranks pinned to GPUs, NCCL allreduce, timed fits (< 10 min)
 	bash scripts/gpu_check.sh

@@ -67,6 +67,14 @@ def test_the_job_publishes_a_cached_wheel_offline_and_every_node_installs_it(tmp
     assert info["key"].startswith("horovod-0.28.1-tf") and len(info["sha256"]) == 64
     assert f"- whl: {wheel}" in proc.stdout
     assert not [p for p in volume.iterdir() if p.name.startswith(".")]  # no partial files
+    # hvdrunner's own wheel beside it, and one requirements file naming both: the line a
+    # user runs in a cluster they already have.
+    (ours,) = volume.glob("hvdrunner-*-py3-none-any.whl")
+    requirements = volume / "requirements.txt"
+    assert [ln for ln in requirements.read_text().splitlines() if not ln.startswith("#")] == [
+        str(ours), str(wheel)]  # fmt: skip
+    assert f"%pip install -r {requirements}" in proc.stdout
+    assert "python -m hvdrunner doctor" in proc.stdout
     again, second = _job(python, volume, cache)
     assert again.returncode == 0 and "already built for" in again.stdout, again.stderr
     # A training node: the task library is pip with the wheel file (offline), then a check.

@@ -181,3 +181,155 @@ def test_petastorms_pyarrow_limit_is_stated_one_way():
         and "ModuleNotFoundError" not in line
     ]  # fmt: skip
     assert not claims, claims
+
+
+# -- claims the docs make about the code (issue 39: each contradiction found by a check) -------
+def _resolves(dotted: str) -> bool | None:
+    """Whether ``hvdrunner.x.y`` names something; None when its framework is not installed."""
+    import importlib
+
+    parts = dotted.split(".")
+    for cut in range(len(parts), 0, -1):
+        try:
+            obj = importlib.import_module(".".join(parts[:cut]))
+        except ModuleNotFoundError as exc:
+            if exc.name in ("torch", "tensorflow", "keras", "tf_keras", "petastorm"):
+                return None
+            continue
+        except ImportError:
+            return None
+        try:
+            for attr in parts[cut:]:
+                obj = getattr(obj, attr)
+        except AttributeError:
+            return False
+        return True
+    return False
+
+
+def _mlflow_keys() -> set[str]:
+    """The ``hvdrunner.*`` strings the code uses as MLflow keys (``hvdrunner.attempt.N`` for
+    a key made with a number)."""
+    keys = set()
+    for path in (ROOT / "src" / "hvdrunner").rglob("*.py"):
+        for key, braced in re.findall(r'"(hvdrunner\.[\w.]*)(\{)?', path.read_text()):
+            keys.add(key + "N" if braced else key)
+    return keys
+
+
+@pytest.mark.parametrize("page", PAGES, ids=lambda p: p.name)
+def test_every_hvdrunner_name_the_docs_give_exists(page):
+    text = page.read_text()
+    names = set(re.findall(r"`(hvdrunner(?:\.[A-Za-z_]\w*)+)", text))
+    names |= {f"hvdrunner.tracking.{n}" for n in re.findall(r"`tracking\.([a-z_]\w*)", text)}
+    keys = _mlflow_keys()  # MLflow tags, metrics and collective names, not Python names
+    missing = sorted(n for n in names if n not in keys and _resolves(n) is False)
+    assert not missing, f"{page.name} names what the code does not have: {missing}"
+
+
+def test_the_readme_says_which_verbosity_streams_the_ranks_output():
+    for paragraph in (ROOT / "README.md").read_text().split("\n\n"):
+        if "stream" in paragraph and "output" in paragraph:
+            assert 'driver_log_verbosity="all"' in paragraph, paragraph
+
+
+def test_the_readme_quotes_no_set_up_times_they_live_in_stacks_md():
+    text = (ROOT / "README.md").read_text()
+    assert not re.findall(r"\d+\s*(?:–\d+\s*)?(?:min\b|minutes)", text)
+    assert "](docs/stacks.md)" in text
+
+
+def test_the_readmes_one_call_fit_has_every_required_setting():
+    text = " ".join((ROOT / "README.md").read_text().split())
+    call = text[text.index("run(hvdrunner.keras.fit,") :].split(")`")[0]
+    for required in ("build_model=", "data=", "epochs=", "batch_size=", "loss="):
+        assert required in call, (required, call)
+
+
+def test_speed_rows_say_the_keras_mode_they_were_measured_in():
+    import json
+
+    result = json.loads(
+        (ROOT / "benchmarks/results/tf_distribute_comparison-modern.json").read_text()
+    )
+    mode = "tf_keras mode" if result["keras"].startswith("2.") else "Keras 3"  # tf_keras is 2.x
+    rows = [
+        ln for ln in (ROOT / "README.md").read_text().splitlines() if "MirroredStrategyRunner" in ln
+    ]
+    assert rows and all(mode in row for row in rows), (mode, rows)
+
+
+def _pin_excludes(stack: str, package: str, version: str) -> bool:
+    from packaging.specifiers import SpecifierSet
+
+    for line in (ROOT / "requirements" / stack / "stack.txt").read_text().splitlines():
+        m = re.match(rf"{package}([<>=!~][^#\s]*)", line.strip())
+        if m:
+            return version not in SpecifierSet(m.group(1))
+    return False
+
+
+def test_results_measured_outside_todays_pins_are_labelled_in_the_docs():
+    import json
+
+    docs = (ROOT / "docs" / "benchmarks.md").read_text()
+    for path in sorted((ROOT / "benchmarks" / "results").glob("*-modern.json")):
+        versions = json.loads(path.read_text()).get("versions", "")
+        m = re.search(r"pyarrow ([\d.]+)", versions)
+        if m and _pin_excludes("modern", "pyarrow", m.group(1)):
+            assert path.name in docs and f"pyarrow {m.group(1)}" in docs, path.name
+
+
+def test_the_dates_beside_benchmark_tables_are_their_results_dates():
+    import json
+
+    results = ROOT / "benchmarks" / "results"
+    for line, _, _, before in _tables((ROOT / "docs" / "benchmarks.md").read_text()):
+        dates = set(re.findall(r"20\d\d-\d\d-\d\d", before))
+        names = re.findall(r"benchmarks/results/([\w<>.-]+\.json)", before)
+        files = [
+            results / n.replace("<stack>", s) for n in names for s in ("lts", "modern", "torch")
+        ]
+        recorded = {json.loads(f.read_text()).get("date") for f in files if f.is_file()}
+        if None in recorded:  # a results file that records no date (a model, a CI log)
+            continue
+        assert dates <= recorded, f"docs/benchmarks.md:{line}: {dates} vs {recorded}"
+
+
+def test_pointers_to_readme_sections_name_sections_that_exist():
+    headings = set(re.findall(r"^#+ (.+)$", (ROOT / "README.md").read_text(), re.MULTILINE))
+    for path in [ROOT / "databricks.yml", *ROOT.glob("resources/*.yml"), *ROOT.glob("src/**/*.py"),
+                 *ROOT.glob("scripts/**/*"), *DOCS]:  # fmt: skip
+        if path.is_file():
+            for section in re.findall(r'README, "([^"]+)"', path.read_text()):
+                assert section in headings, f"{path.name} points to README section {section!r}"
+
+
+def test_data_md_documents_every_argument_of_prepare():
+    import inspect
+
+    from hvdrunner.data import prepare
+
+    text = (ROOT / "docs" / "data.md").read_text()
+    missing = [
+        p for p in inspect.signature(prepare).parameters if p != "df" and f"`{p}`" not in text
+    ]
+    assert not missing, f"docs/data.md does not document prepare's {missing}"
+    assert "`dtype=None`" in text
+
+
+def test_no_runtime_message_points_to_a_docs_file_an_installed_wheel_lacks():
+    import ast
+
+    found = []
+    for path in (ROOT / "src" / "hvdrunner").rglob("*.py"):
+        tree = ast.parse(path.read_text())
+        docstrings = {id(node.body[0].value) for node in ast.walk(tree)
+                      if isinstance(node, (ast.Module, ast.FunctionDef, ast.ClassDef, ast.AsyncFunctionDef))
+                      and node.body and isinstance(node.body[0], ast.Expr)
+                      and isinstance(node.body[0].value, ast.Constant)}  # fmt: skip
+        for node in ast.walk(tree):
+            if (isinstance(node, ast.Constant) and isinstance(node.value, str)
+                    and id(node) not in docstrings and re.search(r"docs/[\w-]+\.md", node.value)):  # fmt: skip
+                found.append(f"{path.relative_to(ROOT)}:{node.lineno}")
+    assert not found, f"messages naming docs/*.md, which the wheel does not ship: {found}"

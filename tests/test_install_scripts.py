@@ -98,13 +98,28 @@ def test_builder_refuses_an_unknown_gpu_mode(tmp_path, mode):
     assert proc.returncode != 0 and "must be none, nccl or auto" in proc.stderr
 
 
-def _fake_gpu_node(tmp_path: Path, nvcc: bool) -> dict[str, str]:
-    """PATH with a fake nvidia-smi that sees one GPU (and a fake nvcc 12.4 if asked)."""
+#: What nvcc 12.4's --list-gpu-arch prints (one per line).
+NVCC_ARCHS = "\n".join(
+    f"compute_{cc}" for cc in (50, 52, 53, 60, 61, 62, 70, 72, 75, 80, 86, 87, 89, 90)
+)
+
+
+def _fake_gpu_node(tmp_path: Path, nvcc: bool, gpu: str | None = "8.6") -> dict[str, str]:
+    """PATH with a fake nvidia-smi that sees one GPU of compute capability ``gpu`` (none when
+    None), and a fake nvcc 12.4 if asked."""
     bin_dir = tmp_path / "fakebin"
     bin_dir.mkdir()
-    tools = {"nvidia-smi": "echo 'GPU 0: NVIDIA A10G (UUID: GPU-fake)'"}
+    tools = {}
+    if gpu is not None:
+        tools["nvidia-smi"] = (
+            f'case "$*" in *compute_cap*) echo "{gpu}" ;; '
+            f"*) echo 'GPU 0: NVIDIA A10G (UUID: GPU-fake)' ;; esac"
+        )
     if nvcc:
-        tools["nvcc"] = "echo 'Cuda compilation tools, release 12.4, V12.4.131'"
+        tools["nvcc"] = (
+            f'case "$*" in *--list-gpu-arch*) printf "{NVCC_ARCHS}\\n" ;; '
+            f"*) echo 'Cuda compilation tools, release 12.4, V12.4.131' ;; esac"
+        )
     for name, body in tools.items():
         (bin_dir / name).write_text(f"#!/bin/sh\n{body}\n")
         (bin_dir / name).chmod(0o755)
@@ -137,7 +152,48 @@ def test_a_gpu_build_finds_nccl_or_says_where_it_looked(tmp_path):
     assert "needs nccl.h and libnccl.so" in missing.stderr and "libnccl-dev" in missing.stderr
     found = _run(BUILDER, {**env, "HOROVOD_NCCL_HOME": str(_fake_nccl(tmp_path))}, "--print-key")
     assert found.returncode == 0, found.stderr
-    assert "-cuda12.4-nccl2.21-gloo-nompi" in found.stdout.strip()
+    assert "-cuda12.4-nccl2.21-sm86-gloo-nompi" in found.stdout.strip()
+    assert "CUDA architectures: 86 (this node's GPUs, nvidia-smi)" in found.stderr
+
+
+@pytest.mark.parametrize("archs,key,said", [
+    (None, "-sm86-", "this node's GPUs"),
+    ("8.0, 9.0", "-sm80.90-", "(HVDRUNNER_CUDA_ARCHS)"),
+    ("all", "-sm50.52.53.60.61.62.70.72.75.80.86.87.89.90-", "every one nvcc knows"),
+])  # fmt: skip
+def test_a_gpu_build_compiles_for_the_architectures_it_needs_and_its_key_names_them(
+    tmp_path, archs, key, said
+):
+    env = {"PYTHON": sys.executable, "HVDRUNNER_WHEEL_CACHE": str(tmp_path / "c"),
+           "HVDRUNNER_HOROVOD_GPU": "nccl", "HOROVOD_NCCL_HOME": str(_fake_nccl(tmp_path)),
+           **_fake_gpu_node(tmp_path, nvcc=True)}  # fmt: skip
+    if archs is not None:
+        env["HVDRUNNER_CUDA_ARCHS"] = archs
+    proc = _run(BUILDER, env, "--print-key")
+    assert proc.returncode == 0, proc.stderr
+    assert key in proc.stdout.strip() and said in proc.stderr
+
+
+def test_without_a_gpu_the_build_takes_nvccs_oldest_architecture_as_ptx(tmp_path):
+    env = {"PYTHON": sys.executable, "HVDRUNNER_WHEEL_CACHE": str(tmp_path / "c"),
+           "HVDRUNNER_HOROVOD_GPU": "nccl", "HOROVOD_NCCL_HOME": str(_fake_nccl(tmp_path)),
+           **_fake_gpu_node(tmp_path, nvcc=True, gpu=None)}  # fmt: skip
+    proc = _run(BUILDER, env, "--print-key")
+    assert proc.returncode == 0, proc.stderr
+    assert "-sm50-" in proc.stdout and "no GPU on this node: nvcc's oldest" in proc.stderr
+
+
+def test_an_architecture_nvcc_cannot_build_is_refused_naming_the_ones_it_can(tmp_path):
+    env = {"PYTHON": sys.executable, "HVDRUNNER_WHEEL_CACHE": str(tmp_path / "c"),
+           "HVDRUNNER_HOROVOD_GPU": "nccl", "HOROVOD_NCCL_HOME": str(_fake_nccl(tmp_path)),
+           "HVDRUNNER_CUDA_ARCHS": "100", **_fake_gpu_node(tmp_path, nvcc=True)}  # fmt: skip
+    proc = _run(BUILDER, env, "--print-key")
+    assert proc.returncode != 0
+    assert "cannot compile for compute capability 100 (it knows: 50 52" in proc.stderr
+    bad = _run(BUILDER, {**env, "HVDRUNNER_CUDA_ARCHS": "sm_90"}, "--print-key")
+    assert (
+        bad.returncode != 0 and "HVDRUNNER_CUDA_ARCHS must list compute capabilities" in bad.stderr
+    )
 
 
 def test_a_cpu_only_build_on_a_gpu_node_is_an_explicit_loud_choice(tmp_path):

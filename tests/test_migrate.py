@@ -45,7 +45,7 @@ def test_the_keras_recipe_gets_the_drop_ins_and_its_pip_line_is_reported(noteboo
         "from sparkdl import HorovodRunner",
     ]
     [pip] = report.manual
-    assert pip.text == "# MAGIC %pip install horovod==0.28.1" and "docs/install.md" in pip.fix
+    assert pip.text == "# MAGIC %pip install horovod==0.28.1" and "requirements.txt" in pip.fix
 
 
 def test_elastic_and_horovod_spark_run_are_listed_with_their_fix(notebooks):

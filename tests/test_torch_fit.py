@@ -92,6 +92,11 @@ def test_two_rank_fit_reaches_accuracy_and_mlflow_agrees(digits, store, tmp_path
                                    x_test[:20].tolist()) == pred[:20].tolist()  # fmt: skip
     versions = client.search_model_versions("name='hvdrunner-torch-digits'")
     assert [v.run_id for v in versions] == [run.info.run_id]
+    # docs/cluster.md's registration recipe: an alias, then scoring by models:/<name>@<alias>.
+    client.set_registered_model_alias("hvdrunner-torch-digits", "champion", versions[0].version)
+    champion = mlflow.pyfunc.load_model("models:/hvdrunner-torch-digits@champion")
+    scored = np.asarray(champion.predict(x_test[:20])).argmax(axis=1)
+    assert scored.tolist() == pred[:20].tolist()
     params = mlflow.get_run(run.info.run_id).data.params
     assert params["num_ranks"] == "2" and params["scaled_learning_rate"] == "0.002"
     assert params["loss"] == "cross_entropy" and params["torch"] == torch.__version__

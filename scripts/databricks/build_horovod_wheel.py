@@ -9,6 +9,10 @@ init scripts, install packages). Stdlib only: it runs before anything is install
     python build_horovod_wheel.py --src /Workspace/Users/me/.bundle/hvdrunner/dev/files \\
         --out /Volumes/<catalog>/<schema>/hvdrunner/wheels/18.x-gpu-ml-scala2.13
 
+Then hvdrunner's own wheel is built from --src and published beside it, with a
+``requirements.txt`` naming both: one ``%pip install -r`` line installs hvdrunner into a
+cluster a user already has (docs/install.md).
+
 Steps: check --src (the deployed bundle: scripts/install_horovod.sh and patches/) and --out;
 with --install-build-tools add what the build needs and lacks (cmake 3.x from PyPI; on GPU
 nodes nvcc and NCCL's headers, pinned to the node's CUDA and NCCL: gpu_toolchain.py); build or reuse the wheel through the one builder
@@ -157,8 +161,37 @@ def _publish(wheel: str, out: str, key: str) -> str:
     return dest
 
 
+def _hvdrunner_wheel(src: str, python: str, out: str, env: dict[str, str]) -> str:
+    """Build hvdrunner's own wheel from ``src`` (no index needed: the runtime's setuptools)
+    and publish it to ``out`` in place of older ones; returns its published path."""
+    with tempfile.TemporaryDirectory() as tmp:
+        _run([python, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation",
+              "--wheel-dir", tmp, src], env, "building the hvdrunner wheel")  # fmt: skip
+        (wheel,) = glob.glob(os.path.join(tmp, "hvdrunner-*.whl"))
+        dest = os.path.join(out, os.path.basename(wheel))
+        _atomic_copy(wheel, dest)
+    for old in glob.glob(os.path.join(out, "hvdrunner-*.whl")):
+        if old != dest:
+            os.remove(old)
+    return dest
+
+
+def _requirements(out: str, wheels: list[str]) -> str:
+    """``out``/requirements.txt naming both wheels: what one ``%pip install -r`` installs."""
+    path = os.path.join(out, "requirements.txt")
+    runtime = os.environ.get("DATABRICKS_RUNTIME_VERSION", "this runtime")
+    text = (
+        f"# hvdrunner and the horovod it runs on, built for Databricks Runtime {runtime} by\n"
+        f"# hvdrunner_build_horovod: %pip install -r {path}\n" + "".join(f"{w}\n" for w in wheels)
+    )
+    with tempfile.NamedTemporaryFile("w", dir=out, prefix=".req-", delete=False) as f:
+        f.write(text)
+    os.replace(f.name, path)
+    return path
+
+
 def build(args: argparse.Namespace) -> str:
-    """Build or reuse the wheel; returns its published path."""
+    """Build or reuse the horovod wheel; returns its published path."""
     builder = _builder(args.src)
     _writable(args.out)
     python = args.python or (
@@ -201,11 +234,22 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         wheel = build(args)
+        python = args.python or (
+            DATABRICKS_PYTHON if os.path.exists(DATABRICKS_PYTHON) else sys.executable
+        )
+        ours = _hvdrunner_wheel(args.src, python, args.out, dict(os.environ))
+        requirements = _requirements(args.out, [ours, wheel])
     except BuildError as exc:
         print(f"ERROR: {exc}", file=sys.stderr, flush=True)
         return 1
-    _say(f"published {wheel}")
-    print(f"The training job installs it as a task library:\n  libraries:\n    - whl: {wheel}")
+    _say(f"published {wheel} and {ours}")
+    print(
+        f"The training job installs it as a task library:\n  libraries:\n    - whl: {wheel}\n"
+        f"Into a cluster you already have (a notebook cell, then dbutils.library."
+        f"restartPython()):\n  %pip install -r {requirements}\n"
+        f"or both wheels as cluster libraries ({ours}, {wheel}); then check with:\n"
+        f"  %sh /databricks/python/bin/python -m hvdrunner doctor"
+    )
     return 0
 
 

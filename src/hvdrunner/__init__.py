@@ -18,7 +18,7 @@ from hvdrunner.errors import (
 )
 from hvdrunner.runner import HorovodRunner
 
-__version__ = "0.1.0"
+__version__ = "0.2.0"  # CHANGELOG.md: the release notes of each version
 
 __all__ = [
     "CheckpointError",

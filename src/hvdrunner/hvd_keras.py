@@ -268,12 +268,12 @@ class _Elastic:
     def __getattr__(self, name: str) -> Any:
         raise NotImplementedError(
             f"hvd_keras.elastic.{name}: elastic Horovod (ranks joining and leaving a running "
-            f"job) is not supported by HorovodRunner, whose Spark barrier stage has a fixed "
-            f"size, and a restart runs fresh processes, so state.commit()'s in-memory copy "
-            f"would be lost. Use restarts and checkpoints instead: HorovodRunner(max_restarts=N) "
-            f"starts the job again after a lost rank or host, and "
+            f"job) is not supported for Keras by HorovodRunner, whose Spark barrier stage has a "
+            f"fixed size (Keras 3 has no Horovod elastic layer; PyTorch's hvd.elastic.TorchState "
+            f"resumes from its last commit). Use restarts and checkpoints instead: "
+            f"HorovodRunner(max_restarts=N) starts the job again after a lost rank or host, and "
             f"hvdrunner.keras.fit(checkpoint_dir=...) resumes from the newest intact checkpoint "
-            f"(docs/faults.md)."
+            f"(help(hvdrunner.HorovodRunner), max_restarts)."
         )
 
 

@@ -85,7 +85,7 @@ MANUAL: tuple[Rule, ...] = (
         r"\bhorovod\.spark\.(?:keras|torch|lightning)\b|\b(?:KerasEstimator|TorchEstimator|LightningEstimator)\b",
         "Horovod's Spark estimators",
         "not provided: hvdrunner.keras.fit / hvdrunner.torch.fit on hvdrunner.data.prepare(df) "
-        "under HorovodRunner (docs/keras.md, docs/pytorch.md)",
+        "under HorovodRunner",
     ),  # fmt: skip
     _rule(
         r"\bhvd\.elastic\b|\bhorovod\.\w+(?:\.keras)?\.elastic\b",
@@ -98,7 +98,7 @@ MANUAL: tuple[Rule, ...] = (
         r"\bfrom petastorm import .*\bTransformSpec\b|\bpetastorm\.TransformSpec\b",
         "petastorm.TransformSpec (decoding on the ranks)",
         "not in hvdrunner.petastorm yet: decode in Spark into numeric array columns, or keep "
-        "petastorm on DBR 15.4 LTS ML (docs/petastorm.md)",
+        "petastorm on DBR 15.4 LTS ML",
     ),  # fmt: skip
     _rule(
         r"\b(?:make_batch_reader|make_reader|make_petastorm_dataset)\b",
@@ -109,8 +109,8 @@ MANUAL: tuple[Rule, ...] = (
         r"%pip install\b.*\b(?:horovod|sparkdl)\b",
         "installs horovod or sparkdl from PyPI (horovod 0.28.1 does not build for current "
         "runtimes' TensorFlow and PyTorch unpatched)",
-        "install hvdrunner's wheels instead: %pip install /Volumes/<catalog>/<schema>/"
-        "hvdrunner/wheels/<runtime>/*.whl (docs/install.md)",
+        "install hvdrunner's wheels instead: %pip install -r /Volumes/<catalog>/<schema>/"
+        "hvdrunner/wheels/<runtime>/requirements.txt (what hvdrunner_build_horovod publishes)",
     ),  # fmt: skip
     _rule(
         r"\bmpirun\b|\bhvd\.mpi_\w+\(|HOROVOD_MPI|\bmpi4py\b",
