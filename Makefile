@@ -68,6 +68,7 @@ ifeq ($(STACK),torch)
 	$(PY) benchmarks/torch_comparison.py   # fit vs bare horovod.torch; vs TorchDistributor (DDP)
 	$(PY) benchmarks/synthetic_resnet50.py # Horovod's ResNet-50 protocol: HorovodRunner, horovodrun, DDP
 	$(PY) benchmarks/chaos.py              # needs root: faults on two hosts, max_restarts
+	$(PY) benchmarks/elastic_commit.py     # Horovod elastic commits kept across restarts
 else
 	$(PY) benchmarks/launch_overhead.py
 	$(PY) benchmarks/data_throughput.py

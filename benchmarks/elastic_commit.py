@@ -7,8 +7,9 @@ interleaved rep by rep in the same ranks, for a small MLP (784-256-10) and a 25 
 model (ResNet-50's size) with SGD momentum:
 
 - ``commit_ms``: how long the training loop waits in ``commit()`` (the user's cost);
-- ``durable_ms``: from the call until the commit left the rank for the driver (the window
-  in which a killed rank resumes from the commit before).
+- ``handed_over_ms``: from the call until the commit is in a file on local disk and its
+  supervisor (another process, which sends it on to the driver) has the path: a rank
+  killed before then resumes from the commit before.
 
 Results in benchmarks/results/elastic_commit-torch.json.
 
@@ -62,7 +63,7 @@ def measure(layers: list[int], reps: int) -> dict:
         "state_mb": round(2 * params * 4 / 2**20, 1),
         "stock_commit_ms": round(1000 * statistics.median(stock), 2),
         "commit_ms": round(1000 * statistics.median(durable), 2),
-        "durable_ms": round(1000 * statistics.median(sent), 2),
+        "handed_over_ms": round(1000 * statistics.median(sent), 2),
     }
 
 

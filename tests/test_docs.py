@@ -29,7 +29,21 @@ def test_the_site_builds_strictly(tmp_path):
         cwd=ROOT, capture_output=True, text=True, timeout=120,
     )  # fmt: skip
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    assert (tmp_path / "api" / "index.html").read_text().count("HorovodRunner") > 3
+    api = (tmp_path / "api" / "index.html").read_text()
+    assert api.count("HorovodRunner") > 3
+    # Every setting of both fits is rendered, with its default.
+    import dataclasses
+
+    from hvdrunner.core.settings import TrainingSettings
+    from hvdrunner.keras.config import FitConfig as KerasConfig
+
+    torch_fields = re.findall(
+        r"^    (\w+): ", (ROOT / "src/hvdrunner/torch/config.py").read_text(), re.M
+    )
+    names = {f.name for c in (TrainingSettings, KerasConfig) for f in dataclasses.fields(c)}
+    missing = sorted(n for n in names | set(torch_fields) if f"<code>{n}</code>" not in api
+                     and f">{n}<" not in api)  # fmt: skip
+    assert not missing, f"the API page does not render {missing}"
 
 
 @pytest.mark.parametrize("page", PAGES, ids=lambda p: p.name)

@@ -6,10 +6,13 @@ commit. Under hvdrunner a restart starts new processes, so the in-memory commit 
 the rank (installed before user code by :func:`install`, a ``rank_setup`` hook; it loads no
 framework and patches Horovod only once ``horovod.common.elastic`` is imported):
 
-- ``State.commit()`` on rank 0 also sends what the commit saved to the driver (through the
-  supervisor, over the job's authenticated channel). The copies Horovod's ``save()`` made are
-  never changed afterwards, so a background thread pickles and sends them: the commit waits
-  only for the small Python attributes (``epoch``, ``batch``). The driver keeps the newest.
+- ``State.commit()`` on rank 0 also sends what the commit saved to the driver. The copies
+  Horovod's ``save()`` made are never changed afterwards, so a background thread writes
+  them to a file in the supervisor's folder on local disk (arrays as they are in memory,
+  the GIL released while the kernel copies them) and hands the path over; the supervisor,
+  another process, sends the bytes on to the driver over the job's authenticated channel.
+  The commit itself waits only for the small Python attributes (``epoch``, ``batch``). The
+  driver keeps the newest.
 - On a restarted attempt, the first call of an ``@hvd.elastic.run`` function loads that
   commit into rank 0's state and calls the state's reset callbacks, as Horovod does after a
   failure (restore, reset, then sync from rank 0 and run the function); Horovod's own
@@ -26,12 +29,13 @@ from __future__ import annotations
 import functools
 import importlib.abc
 import importlib.machinery
-import io
 import os
 import pickle
+import struct
 import sys
 import threading
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 #: Set by the driver in every rank of an attempt that resumes from a commit.
@@ -40,16 +44,19 @@ RESUME_ENV = "HVDRUNNER_ELASTIC_RESUME"
 COMMIT_FILE_ENV = "HVDRUNNER_ELASTIC_COMMIT"
 _TARGET = "horovod.common.elastic"
 
-_send: Callable[[bytes], None] | None = None
+_send: Callable[[str], None] | None = None
+_folder = ""
 _resumed = False  # this process already loaded its attempt's commit
 _lock = threading.Lock()
 
 
-def install(send: Callable[[bytes], None]) -> None:
+def install(send: Callable[[str], None], folder: str) -> None:
     """Called in the rank before user code: patch Horovod's elastic layer once it is
-    imported; ``send(blob)`` takes a pickled commit to the driver."""
-    global _send
-    _send = send
+    imported. A commit is written to a file in ``folder`` (the supervisor's, on local
+    disk) and ``send(path)`` hands it over; the supervisor, another process, reads it and
+    sends it on to the driver."""
+    global _send, _folder
+    _send, _folder = send, folder
     if _TARGET in sys.modules:
         _patch(sys.modules[_TARGET])
     else:
@@ -108,8 +115,8 @@ def _patch(elastic: Any) -> None:
 
 # -- recording ---------------------------------------------------------------------------------
 class _Sender:
-    """One background thread that pickles and sends the newest commit (older pending ones
-    are replaced: only the newest matters)."""
+    """One background thread that writes and hands over the newest commit (older pending
+    ones are replaced: only the newest matters)."""
 
     def __init__(self) -> None:
         self._cv = threading.Condition()
@@ -137,9 +144,10 @@ class _Sender:
                 assert self._pending is not None
                 number, snapshot = self._pending
                 self._pending = None
-            blob = dumps(snapshot)
+            path = os.path.join(_folder, f"commit-{number}.bin")
+            write(snapshot, path)
             if _send is not None:
-                _send(blob)
+                _send(path)
             with self._cv:
                 self.sent = max(self.sent, number)
                 self._cv.notify_all()
@@ -192,10 +200,75 @@ def _plain(value: Any) -> Any:
     return value
 
 
-def dumps(snapshot: dict[str, Any]) -> bytes:
-    buf = io.BytesIO()
-    pickle.dump(snapshot, buf, protocol=pickle.HIGHEST_PROTOCOL)
-    return buf.getvalue()
+@dataclass(frozen=True)
+class _Tensor:
+    """A torch tensor as it travels: its values as a numpy array (pickled at memory speed,
+    a quarter of the time a tensor's own pickling holds the GIL from the training thread)
+    and the device it goes back to."""
+
+    array: Any
+    device: str
+
+
+def _to_wire(value: Any) -> Any:
+    if isinstance(value, dict):
+        return type(value)((k, _to_wire(v)) for k, v in value.items())
+    if isinstance(value, (list, tuple)):
+        return type(value)(_to_wire(v) for v in value)
+    if type(value).__module__ == "torch" and type(value).__name__ in ("Tensor", "Parameter"):
+        try:
+            return _Tensor(value.detach().cpu().numpy(), str(value.device))
+        except (TypeError, RuntimeError):  # bfloat16 and friends: numpy has no such dtype
+            return value
+    return value
+
+
+def _from_wire(value: Any) -> Any:
+    if isinstance(value, _Tensor):
+        import torch
+
+        return torch.from_numpy(value.array).to(value.device)
+    if isinstance(value, dict):
+        return type(value)((k, _from_wire(v)) for k, v in value.items())
+    if isinstance(value, (list, tuple)):
+        return type(value)(_from_wire(v) for v in value)
+    return value
+
+
+_U64 = struct.Struct(">Q")
+
+
+def write(snapshot: dict[str, Any], path: str) -> None:
+    """``snapshot`` into ``path``: the pickled structure, then each array's bytes as they
+    are in memory (pickle protocol 5's out-of-band buffers). The arrays are never copied in
+    Python and the GIL is released while the kernel copies them, so the training thread
+    keeps running. Written to ``path.tmp``, then renamed."""
+    buffers: list[pickle.PickleBuffer] = []
+    skeleton = pickle.dumps(_to_wire(snapshot), protocol=5, buffer_callback=buffers.append)
+    with open(path + ".tmp", "wb") as f:
+        f.write(_U64.pack(len(skeleton)))
+        f.write(skeleton)
+        f.write(_U64.pack(len(buffers)))
+        for buf in buffers:
+            raw = buf.raw()
+            f.write(_U64.pack(raw.nbytes))
+            f.write(raw)
+    os.replace(path + ".tmp", path)
+
+
+def loads(blob: bytes) -> dict[str, Any]:
+    """What :func:`write` wrote, from its bytes."""
+    view = memoryview(blob)
+    (size,) = _U64.unpack_from(view, 0)
+    skeleton, pos = view[8 : 8 + size], 8 + size
+    (count,) = _U64.unpack_from(view, pos)
+    pos += 8
+    buffers = []
+    for _ in range(count):
+        (n,) = _U64.unpack_from(view, pos)
+        buffers.append(view[pos + 8 : pos + 8 + n])
+        pos += 8 + n
+    return dict(_from_wire(pickle.loads(skeleton, buffers=buffers)))
 
 
 # -- resuming ----------------------------------------------------------------------------------
@@ -209,7 +282,7 @@ def _resume(state: Any) -> None:
     path = os.environ.get(COMMIT_FILE_ENV)
     if path:
         with open(path, "rb") as f:
-            restore(state, pickle.load(f))
+            restore(state, loads(f.read()))
         from hvdrunner._logging import get_logger
 
         get_logger().info(

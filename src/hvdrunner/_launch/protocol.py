@@ -122,9 +122,10 @@ class Value:
 
 @dataclass(frozen=True)
 class Commit:
-    """Rank 0's last Horovod elastic ``state.commit()``, pickled (:mod:`.commits`)."""
+    """Rank 0's last Horovod elastic ``state.commit()``, in a file of the supervisor's
+    folder (:mod:`.commits`): the supervisor reads it, sends it on and removes it."""
 
-    blob: bytes
+    path: str
 
 
 @dataclass(frozen=True)
@@ -281,9 +282,11 @@ def _digest_code(digest: Any, code: types.CodeType) -> None:
             digest.update(repr(const).encode())
 
 
-def encode(message: object) -> bytes:
+def encode(message: object) -> tuple[bytes, bytes]:
+    """The frame's length header and body, written one after the other: never joined, a
+    large frame (rank 0's value, an elastic commit) is not copied once more."""
     body = pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL)
-    return _LEN.pack(len(body)) + body
+    return _LEN.pack(len(body)), body
 
 
 def _read_exact(read: Any, n: int) -> bytes:
@@ -313,9 +316,10 @@ class Channel:
         self._send_lock = threading.Lock()
 
     def send(self, message: object) -> None:
-        data = encode(message)
+        header, body = encode(message)
         with self._send_lock:
-            self._sock.sendall(data)
+            self._sock.sendall(header)
+            self._sock.sendall(body)
 
     def recv(self) -> object:
         return read_frame(self._sock.recv)
@@ -369,7 +373,8 @@ class PipeWriter:
         self._lock = threading.Lock()
 
     def send(self, message: object) -> None:
-        data = encode(message)
+        header, body = encode(message)
         with self._lock:
-            self._stream.write(data)
+            self._stream.write(header)
+            self._stream.write(body)
             self._stream.flush()

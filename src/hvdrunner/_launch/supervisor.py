@@ -121,11 +121,22 @@ class RankSupervisor:
                 elif isinstance(message, protocol.Returned):
                     self._returned = True
                 elif isinstance(message, protocol.Commit):
-                    self._channel.send(protocol.Committed(self._rank, message.blob))
+                    self._relay_commit(message.path)
         except (protocol.ProtocolError, OSError, EOFError):
             pass
         finally:
             stream.close()
+
+    def _relay_commit(self, path: str) -> None:
+        """An elastic commit the rank wrote to our folder: on to the driver, then gone."""
+        try:
+            with open(path, "rb") as f:
+                blob = f.read()
+        except OSError:
+            return  # a newer commit replaced it
+        with contextlib.suppress(OSError):
+            os.remove(path)
+        self._channel.send(protocol.Committed(self._rank, blob))
 
     def _listen_for_abort(self) -> None:
         try:

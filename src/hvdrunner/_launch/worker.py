@@ -86,7 +86,10 @@ def main(payload_path: str) -> int:
 
     _logging.install_channel(lambda rank, text: control.send(protocol.Log(rank, text)))
     # Horovod elastic commits reach the driver, for a restarted attempt to resume from.
-    commits.install(lambda blob: control.send(protocol.Commit(blob)))
+    commits.install(
+        lambda path: control.send(protocol.Commit(path)),
+        os.path.dirname(os.path.abspath(payload_path)),
+    )  # the supervisor's folder
     from hvdrunner._launch import watchdog
 
     watchdog.start(control.send, _listed(LIBRARY_DIRS_ENV))

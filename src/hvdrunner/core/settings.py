@@ -59,7 +59,30 @@ def _positive_int(name: str, value: Any) -> None:
 
 @dataclass(frozen=True, kw_only=True)
 class TrainingSettings:
-    """Framework-neutral settings of a data-parallel ``fit`` (validated at construction)."""
+    """Framework-neutral settings of a data-parallel ``fit`` (validated at construction).
+
+    Attributes:
+        epochs: passes over the data (required).
+        batch_size: rows per step on each rank (required); the global batch is
+            ``batch_size`` times the ranks.
+        learning_rate: before scaling by the number of ranks. Default ``1e-3``.
+        warmup_epochs: linear warmup of the scaled rate over this many epochs. Default ``0``.
+        checkpoint_dir: rank 0's checkpoints (a volume on Databricks); a rerun or restart
+            resumes from the newest intact one. Default ``None`` (none).
+        checkpoint_every: epochs between checkpoints. Default ``1``.
+        keep_checkpoints: how many are kept. Default ``3``.
+        shuffle: a new permutation of each rank's shard every epoch. Default ``True``.
+        seed: of the shuffle and the model's initialisation. Default ``0``.
+        log_model: log the model to the driver's MLflow run at the end. Default ``True``.
+        registered_model_name: also register it (Unity Catalog:
+            ``<catalog>.<schema>.<model>``). Default ``None``.
+        compression: ``"none"`` or ``"fp16"`` (gradients sent as float16). Default ``"none"``.
+        backward_passes_per_step: batches accumulated locally per exchange. Default ``1``.
+        fusion_threshold_mb: Horovod's tensor fusion buffer. Default ``None`` (Horovod's).
+        cycle_time_ms: Horovod's cycle time. Default ``None`` (Horovod's).
+        in_memory: keep the shard in memory (``None``: when it fits the budget). Default
+            ``None``.
+    """
 
     epochs: int
     batch_size: int

@@ -30,7 +30,17 @@ __all__ = ["INPUTS", "FitConfig", "FitResult", "make_config"]
 
 @dataclass(frozen=True, kw_only=True)
 class FitConfig(TrainingSettings):
-    """Validated settings of :func:`fit` (checked first thing on every rank)."""
+    """Validated settings of :func:`fit` (checked first thing on every rank): the fields of
+    :class:`~hvdrunner.core.settings.TrainingSettings` and these.
+
+    Attributes:
+        loss: a Keras loss, by name or object (required).
+        optimizer: ``"adam"``, ``"sgd"``, ``"rmsprop"``, ``"adagrad"`` or a function
+            ``lr -> optimizer``. Default ``"adam"``.
+        metrics: Keras metrics, averaged over ranks each epoch. Default ``()``.
+        verbose: Keras' progress on rank 0 (0, 1, 2). Default ``2``.
+        callbacks: more Keras callbacks (they see metrics averaged over ranks). Default ``()``.
+    """
 
     loss: Any
     optimizer: str | Callable[[float], Any] = "adam"

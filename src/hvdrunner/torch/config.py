@@ -44,7 +44,23 @@ __all__ = [
 
 @dataclass(frozen=True, kw_only=True)
 class FitConfig(TrainingSettings):
-    """Validated settings of :func:`hvdrunner.torch.fit` (checked first thing on every rank)."""
+    """Validated settings of :func:`hvdrunner.torch.fit` (checked first thing on every
+    rank): the fields of :class:`~hvdrunner.core.settings.TrainingSettings` and these.
+
+    Attributes:
+        loss: ``"cross_entropy"``, ``"mse"``, ... or a function ``(output, target) -> loss``
+            (required).
+        optimizer: ``"adam"``, ``"sgd"``, ... or a function ``(params, lr) -> optimizer``.
+            Default ``"adam"``.
+        metrics: names or functions ``(output, target) -> tensor``, averaged over ranks.
+            Default ``()``.
+        verbose: 1: one line per epoch from rank 0; 0: silent. Default ``1``.
+        num_threads: torch CPU threads per rank (``None``: cores / ranks per host).
+            Default ``None``.
+        bucket_cap_mb: gradients go out in groups of at most this many MB, as DDP's
+            buckets; 0: one request per tensor (models whose ranks leave different
+            parameters without gradients). Default ``25``.
+    """
 
     loss: str | Callable[[Any, Any], Any]
     optimizer: str | Callable[[Any, float], Any] = "adam"
