@@ -8,10 +8,12 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
-from hvdrunner._launch.protocol import ExitReport
 from hvdrunner.errors import Cause, HorovodRunnerError
+
+if TYPE_CHECKING:  # types only: run()'s module stays free of horovod until a job starts
+    from hvdrunner._launch.protocol import ExitReport
 
 
 class Task(Protocol):

@@ -4,6 +4,8 @@
   is unchanged. Returns a :class:`PreparedData`.
 - ``handle``: :class:`PreparedData`, a small picklable handle ranks read from.
 - ``reader`` (ranks): equal contiguous row ranges per rank, vectorized decode, seeded shuffle.
+- ``transform`` (ranks): petastorm's :class:`TransformSpec`, decoding each batch (images,
+  text) in threads ahead of the model, checked against the columns it declares.
 
 Example:
     >>> from hvdrunner.data import prepare
@@ -22,5 +24,6 @@ rows. So any ``np`` with ``batch_size * np <= N`` gets identical step counts.
 
 from hvdrunner.data.handle import DEFAULT_CACHE_DIR, PreparedData
 from hvdrunner.data.prepare import prepare
+from hvdrunner.data.transform import TransformSpec
 
-__all__ = ["DEFAULT_CACHE_DIR", "PreparedData", "prepare"]
+__all__ = ["DEFAULT_CACHE_DIR", "PreparedData", "TransformSpec", "prepare"]

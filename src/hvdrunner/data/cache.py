@@ -49,7 +49,7 @@ def input_identity(df: Any) -> list[tuple[str, int, int]] | None:
 
 def cache_key(
     df: Any, columns: Sequence[str], dtype: str | None, shapes: dict[str, Any], inputs: Any,
-    options: dict[str, str] | None = None,
+    options: dict[str, str] | None = None, pad: dict[str, int] | None = None,
 ) -> str:  # fmt: skip
     plan = df._jdf.queryExecution().analyzed().semanticHash()
     parts = [
@@ -63,6 +63,8 @@ def cache_key(
     ]
     if options:  # only when asked for: the keys of caches written without options stay valid
         parts.append(sorted(options.items()))
+    if pad:
+        parts.append(["pad", sorted(pad.items())])
     raw = json.dumps(parts)
     return hashlib.sha256(raw.encode()).hexdigest()[:20]
 

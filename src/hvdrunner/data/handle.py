@@ -6,6 +6,8 @@ Ranks read only through this handle: it holds URLs, row counts and the schema, n
 from __future__ import annotations
 
 import contextlib
+import dataclasses
+import functools
 import math
 import os
 import shutil
@@ -16,6 +18,7 @@ from typing import Any
 import numpy as np
 
 from hvdrunner.data import tf_feed
+from hvdrunner.data import transform as transforms
 from hvdrunner.data.reader import (
     READ_AHEAD,
     Column,
@@ -26,6 +29,7 @@ from hvdrunner.data.reader import (
     rows_per_rank,
     shard_pieces,
 )
+from hvdrunner.data.transform import TransformSpec, map_ahead
 from hvdrunner.distributed import rank, size
 
 DEFAULT_CACHE_DIR = os.path.join(os.getcwd(), ".hvdrunner", "data-cache")
@@ -47,23 +51,62 @@ class PreparedData:
     single_feature: bool = field(default=True)
     shared: bool = field(default=False)  # declared shared (prepare(shared=True)) or DBFS/Volumes
     read_ahead: int = field(default=READ_AHEAD)  # pieces decoded at once (threads) by a rank
+    # Applied to every batch on the ranks (decoding images, text): a TransformSpec.
+    transform: TransformSpec | None = field(default=None)
+    workers: int = field(default=READ_AHEAD)  # batches transformed at once (threads)
+
+    def transformed(
+        self, spec: TransformSpec, features: str | list[str], label: str | None = None,
+        workers: int | None = None,
+    ) -> PreparedData:  # fmt: skip
+        """This data decoded on the ranks by ``spec`` (petastorm's ``TransformSpec``), fed as
+        ``features`` (and ``label``): columns of the transform's output.
+
+        Raises:
+            ValueError: ``features``/``label`` are not columns the transform makes.
+
+        Example:
+            >>> images = data.transformed(spec, "features", "label_index")  # doctest: +SKIP
+        """
+        if not isinstance(spec, TransformSpec):
+            raise TypeError(
+                f"pass a TransformSpec (hvdrunner.petastorm.TransformSpec), got {spec!r}"
+            )
+        feats = [features] if isinstance(features, str) else list(features)
+        names = spec.output_names([c.name for c in self.columns])
+        unknown = [n for n in [*feats, *([label] if label else [])] if n not in names]
+        if unknown:
+            raise ValueError(
+                f"features/label {unknown} are not columns of the transform's output {list(names)}"
+            )
+        if workers is not None and (isinstance(workers, bool) or not isinstance(workers, int)
+                                    or workers < 1):  # fmt: skip
+            raise ValueError(f"workers={workers!r} must be an int >= 1 (batches decoded at once)")
+        return dataclasses.replace(
+            self, transform=spec, features=tuple(feats), label=label,
+            single_feature=isinstance(features, str), workers=workers or self.workers,
+        )  # fmt: skip
 
     # -- sizes -----------------------------------------------------------------------------
     def rows_per_rank(self, num_ranks: int | None = None) -> int:
         """Rows each rank reads per epoch (before padding to whole batches)."""
         return rows_per_rank(self.num_rows, num_ranks or size())
 
-    def steps_per_epoch(self, batch_size: int, num_ranks: int | None = None) -> int:
+    def steps_per_epoch(
+        self, batch_size: int, num_ranks: int | None = None, strict: bool = True
+    ) -> int:
         """Batches per epoch: identical on every rank. ``num_ranks`` defaults to the job's size.
 
         Raises:
-            ValueError: when ``batch_size`` exceeds one rank's share of the rows.
+            ValueError: when ``batch_size`` exceeds one rank's share of the rows (unless not
+                ``strict``: then one batch, topped up by repeating the shard, as petastorm
+                gives a small shard).
         """
         n = num_ranks or size()
         per = self.rows_per_rank(n)
         if not isinstance(batch_size, int) or batch_size <= 0:
             raise ValueError(f"batch_size must be a positive int, got {batch_size!r}")
-        if batch_size > per:
+        if batch_size > per and strict:
             raise ValueError(
                 f"batch_size={batch_size} is larger than one rank's shard ({per} of "
                 f"{self.num_rows} rows over {n} ranks). Use batch_size<={per} or fewer ranks."
@@ -72,14 +115,15 @@ class PreparedData:
 
     # -- reading ---------------------------------------------------------------------------
     def _shard(
-        self, batch_size: int, cur_shard: int | None, shard_count: int | None
-    ) -> tuple[int, int, list[Piece]]:
+        self, batch_size: int, cur_shard: int | None, shard_count: int | None,
+        strict: bool = True, wrap: bool = True,
+    ) -> tuple[int, int, list[Piece]]:  # fmt: skip
         shard = rank() if cur_shard is None else cur_shard
         count = size() if shard_count is None else shard_count
         if not 0 <= shard < count:
             raise ValueError(f"cur_shard={shard} must be in [0, shard_count={count})")
-        self.steps_per_epoch(batch_size, count)
-        pieces = shard_pieces(self.files, shard, count)
+        self.steps_per_epoch(batch_size, count, strict)
+        pieces = shard_pieces(self.files, shard, count, wrap)
         self._check_visible({p.path for p in pieces})
         return shard, count, pieces
 
@@ -93,23 +137,35 @@ class PreparedData:
         shard_count: int | None = None,
         first_epoch: int = 0,
         in_memory: bool | None = False,
+        passes: int | None = None,
+        strict: bool = True,
     ) -> Iterator[dict[str, Any]]:
-        """Endless numpy batches ``{column: array}`` of this rank's shard (framework-free).
+        """Endless numpy batches ``{column: array}`` of this rank's shard (framework-free),
+        decoded by :attr:`transform` when there is one (``workers`` batches at once).
 
         ``first_epoch`` (e.g. Keras' ``initial_epoch`` after a resume) picks up the per-epoch
         shuffle order where an uninterrupted run would be. ``in_memory``: decode the shard
         once and gather each batch from memory (``None``: when :meth:`shard_bytes` fits the
-        budget, as in :meth:`tf_dataset`); both give the same batches.
+        budget, as in :meth:`tf_dataset`); both give the same batches. ``passes``: that many
+        passes, then the end, each counting every row of the data once over the shards (no
+        padding, no wrap-around: the last batch of a pass is what is left, and shards may
+        differ by a batch): an evaluation pass. ``strict=False``: a batch larger than the
+        shard is topped up by repeating it instead of refused (the petastorm drop-in).
         """
-        shard, count, pieces = self._shard(batch_size, cur_shard, shard_count)
+        shard, count, pieces = self._shard(batch_size, cur_shard, shard_count, strict,
+                                           wrap=passes is None)  # fmt: skip
         if in_memory is None:
             in_memory = self.shard_bytes(count) <= _memory_budget()
-        if in_memory:
-            return self._memory_batches(pieces, batch_size, shuffle, seed, shard, first_epoch)
-        return iter_batches(
-            self.local_path, pieces, self.columns, batch_size, shuffle, seed, shard, first_epoch,
-            self.read_ahead,
-        )  # fmt: skip
+        if in_memory and passes is None:
+            feed = self._memory_batches(pieces, batch_size, shuffle, seed, shard, first_epoch)
+        else:
+            feed = iter_batches(
+                self.local_path, pieces, self.columns, batch_size, shuffle, seed, shard,
+                first_epoch, self.read_ahead, passes,
+            )  # fmt: skip
+        if self.transform is None:
+            return feed
+        return map_ahead(functools.partial(transforms.apply, self.transform), feed, self.workers)
 
     def _memory_batches(
         self, pieces: list[Piece], batch_size: int, shuffle: bool, seed: int, shard: int,
@@ -126,9 +182,16 @@ class PreparedData:
             epoch += 1
 
     def shard_bytes(self, num_ranks: int | None = None) -> int:
-        """Decoded size of one rank's shard in memory (what ``in_memory=True`` holds)."""
-        row = sum(np.dtype(c.dtype).itemsize * math.prod(c.shape) for c in self.columns)
-        return self.rows_per_rank(num_ranks) * row
+        """Decoded size of one rank's shard in memory (what ``in_memory=True`` holds; binary
+        and string columns at the size of the files)."""
+        row = sum(np.dtype(c.dtype).itemsize * math.prod(c.shape)
+                  for c in self.columns if c.dtype != "object")  # fmt: skip
+        objects = 0
+        if any(c.dtype == "object" for c in self.columns):
+            on_disk = sum(os.path.getsize(os.path.join(self.local_path, p)) for p, _ in self.files
+                          if os.path.exists(os.path.join(self.local_path, p)))  # fmt: skip
+            objects = on_disk // max(1, self.num_rows)
+        return self.rows_per_rank(num_ranks) * (row + objects)
 
     @contextlib.contextmanager
     def tf_dataset(
@@ -143,6 +206,8 @@ class PreparedData:
         prefetch: int = 2,
         first_epoch: int = 0,
         in_memory: bool | None = None,
+        passes: int | None = None,
+        strict: bool = True,
     ) -> Iterator[Any]:
         """This rank's shard as an endless ``tf.data.Dataset`` of full batches.
 
@@ -150,7 +215,8 @@ class PreparedData:
         feature columns were prepared), or ``features`` alone without a label. ``transform``
         maps each numpy batch ``{column: array}`` to a new dict before it becomes tensors.
         Shard index and count come from Horovod (``HOROVOD_RANK``/``HOROVOD_SIZE``) unless
-        given. ``first_epoch``: as in :meth:`batches`.
+        given. ``first_epoch``, ``passes``, ``strict``: as in :meth:`batches`; with
+        :attr:`transform` or ``passes`` the batches come through :meth:`batches`.
 
         ``in_memory``: decode the shard once and keep it in memory; each epoch then only
         gathers rows in the epoch's order (no re-decode): what Keras does with numpy arrays. ``None`` (default) does so when there is no
@@ -162,21 +228,30 @@ class PreparedData:
             >>> with data.tf_dataset(64) as ds:  # doctest: +SKIP
             ...     model.fit(ds, steps_per_epoch=data.steps_per_epoch(64), epochs=5)
         """
-        shard, count, pieces = self._shard(batch_size, cur_shard, shard_count)
-        if in_memory and transform is not None:
+        through_python = transform is not None or self.transform is not None or passes is not None
+        if in_memory and through_python:
             raise ValueError(
-                "in_memory=True feeds with TensorFlow ops and cannot call a numpy transform; "
-                "drop transform= (do it in the model or a ds.map) or pass in_memory=False"
+                "in_memory=True feeds with TensorFlow ops and cannot call a numpy transform or "
+                "end after passes; drop transform= (do it in the model or a ds.map) or pass "
+                "in_memory=False"
             )
-        if in_memory is None:
-            in_memory = transform is None and self.shard_bytes(count) <= _memory_budget()
-        args = (self, pieces, batch_size, shuffle, seed, shard, first_epoch)
-        if in_memory:
-            ds = tf_feed.memory_dataset(*args)
-        elif transform is None:
-            ds = tf_feed.stream_dataset(*args)
+        if through_python:
+
+            def feed() -> Iterator[Any]:
+                batches = self.batches(
+                    batch_size, shuffle=shuffle, seed=seed, cur_shard=cur_shard,
+                    shard_count=shard_count, first_epoch=first_epoch, passes=passes,
+                    strict=strict,
+                )  # fmt: skip
+                return batches if transform is None else map(transform, batches)
+
+            ds = tf_feed.generator_dataset(feed, self.structure, partial=passes is not None)
         else:
-            ds = tf_feed.transform_dataset(*args, transform)
+            shard, count, pieces = self._shard(batch_size, cur_shard, shard_count, strict)
+            if in_memory is None:
+                in_memory = self.shard_bytes(count) <= _memory_budget()
+            args = (self, pieces, batch_size, shuffle, seed, shard, first_epoch)
+            ds = tf_feed.memory_dataset(*args) if in_memory else tf_feed.stream_dataset(*args)
         ds = ds.prefetch(prefetch)
         try:
             yield ds

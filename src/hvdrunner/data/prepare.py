@@ -20,10 +20,12 @@ from hvdrunner.data.schema import (
     DTYPES,
     array_checks,
     array_type,
+    check_pad,
     column_kind,
     column_spec,
     is_floating,
     own_float,
+    padded,
 )
 
 _TARGET_FILE_BYTES = 16 * 1024 * 1024
@@ -77,6 +79,7 @@ def prepare(
     shared: bool = False,
     compression: str | None = None,
     row_group_bytes: int | None = None,
+    pad: dict[str, int] | None = None,
 ) -> PreparedData:
     """Write ``df``'s feature/label columns as Parquet under ``cache_dir``; return the handle.
 
@@ -86,7 +89,9 @@ def prepare(
     Args:
         df: a Spark DataFrame (e.g. a Delta table).
         features: one column (fed as one tensor) or several (fed as a dict of tensors).
-            Numeric scalars, arrays of numbers (fixed length) and ML vectors are supported.
+            Numeric scalars, arrays of numbers (fixed length), Spark ML and MLlib vectors,
+            and binary and string columns (images, audio, text: fed as ``bytes``/``str``
+            and decoded on the ranks by a ``TransformSpec``) are supported.
         label: the label column, or ``None`` for unlabelled input.
         cache_dir: ``dbfs:/…``, ``/dbfs/…``, ``/Volumes/…`` on Databricks (shared by all
             nodes), a local directory locally. Default: ``./.hvdrunner/data-cache``.
@@ -102,6 +107,8 @@ def prepare(
         compression: the Parquet codec (``"uncompressed"``, ``"zstd"``, ...); default Spark's.
         row_group_bytes: Parquet row-group size in bytes (``parquet.block.size``); default
             Spark's. Neither changes what the ranks read, only how it is stored.
+        pad: ``{column: length}`` for arrays of numbers of different lengths (token ids):
+            padded with 0 and cut to that length in Spark; other ragged arrays are refused.
 
     The cache is reused only while the input is provably unchanged: the key covers the
     query plan, the options and every input file's path, size and modification time (a
@@ -126,7 +133,7 @@ def prepare(
     options = _write_options(compression, row_group_bytes)
     return _materialize(
         df, features, label, cache_dir or DEFAULT_CACHE_DIR, dtype, shapes or {}, rows_per_file,
-        refresh=refresh, shared=shared, options=options,
+        refresh=refresh, shared=shared, options=options, pad=dict(pad or {}),
     )  # fmt: skip
 
 
@@ -165,17 +172,20 @@ def _materialize(
     refresh: bool = False,
     shared: bool = False,
     options: dict[str, str] | None = None,
+    pad: dict[str, int] | None = None,
 ) -> PreparedData:
     """:func:`prepare` after its argument checks: reuse a verified cache or write one."""
     _check_driver()
     feats = (features,) if isinstance(features, str) else tuple(features)
     wanted, fields, kinds = _check_columns(df, feats, label, shapes)
+    pad = pad or {}
+    check_pad(pad, kinds)
     loc = _check_location(cache_dir, str(df.sparkSession.sparkContext.master), shared)
     options = options or {}
-    key, final, existing = _cached(df, wanted, dtype, shapes, loc, refresh, options)
+    key, final, existing = _cached(df, wanted, dtype, shapes, loc, refresh, options, pad)
     if existing is not None:
         return existing
-    selected, aggs = _select(df, wanted, kinds, fields, dtype)
+    selected, aggs = _select(df, wanted, kinds, fields, dtype, pad)
     _log.info("checking columns (one Spark job)")
     stats = selected.agg(*aggs).collect()[0].asDict()
     num_rows = int(stats["_rows"])
@@ -190,7 +200,15 @@ def _materialize(
         "features": list(feats), "label": label, "single_feature": isinstance(features, str),
         "shared": bool(shared or loc.shared),
     }  # fmt: skip
-    return _write(selected, columns, num_rows, (loc, final), key, rows_per_file, meta, options)
+    object_bytes = sum(int(stats.get(f"{c.name}__bytes") or 0) for c in columns)
+    per_file = rows_per_file or _rows_per_file(columns, object_bytes / num_rows)
+    return _write(selected, columns, num_rows, (loc, final), key, per_file, meta, options)
+
+
+def _rows_per_file(columns: list[Column], object_bytes_per_row: float) -> int:
+    """Rows of about 16 MB of data per file (binary and string columns at their mean size)."""
+    numbers = sum(max(1, math.prod(c.shape)) * 8 for c in columns if c.dtype != "object")
+    return max(256, int(_TARGET_FILE_BYTES // max(1.0, numbers + object_bytes_per_row)))
 
 
 def _check_columns(
@@ -216,11 +234,11 @@ def _check_columns(
 
 def _cached(
     df: Any, wanted: list[str], dtype: str | None, shapes: dict[str, Sequence[int]],
-    loc: _paths.Location, refresh: bool, options: dict[str, str],
+    loc: _paths.Location, refresh: bool, options: dict[str, str], pad: dict[str, int],
 ) -> tuple[str, _paths.Location, PreparedData | None]:  # fmt: skip
     """The cache key, the final location, and the verified copy there if it can be reused."""
     inputs = input_identity(df)
-    key = cache_key(df, wanted, dtype, dict(shapes), inputs, options)
+    key = cache_key(df, wanted, dtype, dict(shapes), inputs, options, pad)
     if inputs is None:
         # The input could change without any file changing: never reuse silently.
         key += f"-{uuid.uuid4().hex[:8]}"
@@ -238,9 +256,10 @@ def _cached(
 
 def _select(
     df: Any, wanted: list[str], kinds: dict[str, tuple[str, int]], fields: dict[str, Any],
-    dtype: str | None,
+    dtype: str | None, pad: dict[str, int],
 ) -> tuple[Any, list[Any]]:  # fmt: skip
-    """The DataFrame to write (vectors as arrays, floats cast) and the checks to run on it."""
+    """The DataFrame to write (vectors as arrays, floats cast, token ids padded) and the
+    checks to run on it."""
     from pyspark.ml.functions import vector_to_array
     from pyspark.sql import functions as F
 
@@ -248,28 +267,30 @@ def _select(
     for name in wanted:
         kind, depth = kinds[name]
         col = F.col(name)
+        if name in pad:
+            col = padded(col, pad[name], fields[name].elementType)
         if kind == "vector":
             col = vector_to_array(col, dtype=dtype or "float64")
-        elif is_floating(fields[name]):
+        elif kind != "object" and is_floating(fields[name]):
             col = col.cast(array_type(depth, dtype or own_float(fields[name])))
         exprs.append(col.alias(name))
         aggs.append(F.sum(F.col(name).isNull().cast("long")).alias(f"{name}__nulls"))
     for name in wanted:
         kind, depth = kinds[name]
-        if kind != "scalar":
+        if kind == "object":  # their size, for files of ~16 MB
+            aggs.append(F.sum(F.length(F.col(name))).alias(f"{name}__bytes"))
+        elif kind != "scalar":
             aggs += array_checks(name, depth)
     return df.select(*exprs), aggs
 
 
 def _write(
     selected: Any, columns: list[Column], num_rows: int,
-    where: tuple[_paths.Location, _paths.Location], key: str, rows_per_file: int | None,
+    where: tuple[_paths.Location, _paths.Location], key: str, per_file: int,
     meta: dict[str, Any], options: dict[str, str],
 ) -> PreparedData:  # fmt: skip
     """Parquet into a temporary folder, checked, then renamed: whole or not at all."""
     loc, final = where
-    row_bytes = sum(max(1, math.prod(c.shape)) * 8 for c in columns)
-    per_file = rows_per_file or max(256, _TARGET_FILE_BYTES // row_bytes)
     tmp = loc.join(f".tmp-{key}-{uuid.uuid4().hex[:8]}")
     target_parts = max(1, math.ceil(num_rows / per_file))
     if selected.rdd.getNumPartitions() > target_parts:

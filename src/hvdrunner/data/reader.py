@@ -47,14 +47,24 @@ def rows_per_rank(num_rows: int, shard_count: int) -> int:
     return math.ceil(num_rows / shard_count)
 
 
-def shard_pieces(files: Sequence[tuple[str, int]], shard: int, shard_count: int) -> list[Piece]:
-    """The file slices making up ``shard``'s global row range (wrapping at the end)."""
+def shard_pieces(
+    files: Sequence[tuple[str, int]], shard: int, shard_count: int, wrap: bool = True
+) -> list[Piece]:
+    """The file slices making up ``shard``'s global row range (wrapping at the end, so every
+    shard has the same rows; ``wrap=False``: each row in exactly one shard, the last ones
+    shorter, for a pass that must count every row once)."""
     total = sum(n for _, n in files)
     per = rows_per_rank(total, shard_count)
     lo, hi = shard * per, (shard + 1) * per
-    ranges = [(lo, min(hi, total))]
-    if hi > total:  # wrap: the last shard tops up from the beginning
-        ranges.append((0, hi - total))
+    if not wrap:
+        ranges = [(min(lo, total), min(hi, total))]
+    else:  # rows lo..hi taken modulo total: every shard has exactly `per` rows
+        ranges, start = [], lo
+        while start < hi and total:
+            a = start % total
+            b = min(total, a + hi - start)
+            ranges.append((a, b))
+            start += b - a
     pieces: list[Piece] = []
     for r_lo, r_hi in ranges:
         offset = 0
@@ -78,7 +88,7 @@ def _to_numpy(array: Any, column: Column) -> np.ndarray:
     for arr in chunks:
         for _ in range(column.depth):
             arr = pc.list_flatten(arr)
-        parts.append(arr.to_numpy(zero_copy_only=False))
+        parts.append(arr.to_numpy(zero_copy_only=False))  # binary/string: bytes/str objects
     values = parts[0] if len(parts) == 1 else np.concatenate(parts)
     return values.astype(column.dtype, copy=False).reshape((-1, *column.shape))
 
@@ -186,21 +196,26 @@ def iter_batches(
     shard: int,
     first_epoch: int = 0,
     read_ahead: int = READ_AHEAD,
+    passes: int | None = None,
 ) -> Iterator[dict[str, np.ndarray]]:
-    """Endless full batches over the shard, pieces decoded ahead in background threads.
+    """Full batches over the shard, pieces decoded ahead in background threads.
 
     Each pass (epoch) is reshuffled with its own seed and padded to ``ceil(rows /
     batch_size)`` batches from the pass's own first rows. ``first_epoch``: the pass a
     resumed job starts at. ``read_ahead``: pieces decoded at once in background threads.
+    ``passes``: ``None`` is endless; a number gives that many passes with no padding, the
+    last batch of each pass holding what is left (an evaluation that counts each row once).
     """
     lengths = [p.stop - p.start for p in pieces]
     steps = math.ceil(sum(lengths) / batch_size)
     epoch = first_epoch
+    if not sum(lengths):
+        return
 
     def rows(arrays: dict[str, np.ndarray]) -> int:
         return len(next(iter(arrays.values())))
 
-    while True:
+    while passes is None or epoch < first_epoch + passes:
         plan = pass_plan(lengths, shuffle, seed, shard, epoch)
         emitted = 0
         carry: dict[str, np.ndarray] | None = None  # < batch_size rows left from the last piece
@@ -228,7 +243,10 @@ def iter_batches(
                     carry = rest if carry is None else {
                         k: np.concatenate([carry[k], rest[k]]) for k in rest
                     }  # fmt: skip
-        if emitted < steps:  # pad the last partial batch from the pass's own first rows
+        if emitted < steps and passes is not None:  # what is left, unpadded
+            assert carry is not None
+            yield carry
+        elif emitted < steps:  # pad the last partial batch from the pass's own first rows
             assert carry is not None and head is not None
             need = batch_size - rows(carry)
             pad = {k: np.resize(v, (need, *v.shape[1:])) for k, v in head.items()}

@@ -11,22 +11,35 @@ from hvdrunner.data.reader import Column
 
 DTYPES = {"float32": "float", "float64": "double"}  # and None: each column's own
 UNSUPPORTED_HINT = {
-    "StringType": "encode it as a number first (e.g. pyspark.ml.feature.StringIndexer)",
     "MapType": "select the needed keys into numeric columns",
-    "StructType": "select its numeric fields as separate columns",
-    "BinaryType": "decode it in Spark into a numeric array column",
+    "StructType": "select its fields as separate columns",
+    "StringType": "an array of strings is not fed as one value: join them in Spark, or make "
+    "token ids",
+    "BinaryType": "an array of binaries is not fed as one value: one binary per row",
 }
+SUPPORTED = (
+    "Supported: numeric/boolean scalars, (nested up to 2) arrays of numbers of fixed length "
+    "(ragged ones with prepare(pad=...)), Spark ML and MLlib vectors, binary and string "
+    "columns (fed as bytes and str, decoded on the ranks by a TransformSpec)."
+)
 
 
 def column_kind(name: str, dtype: Any) -> tuple[str, int]:
-    """('scalar'|'array'|'vector', array depth) or ValueError naming the column."""
+    """('scalar'|'array'|'vector'|'object', array depth) or ValueError naming the column.
+
+    ``object``: a binary or string column, one ``bytes``/``str`` per row (images, audio,
+    text), which the ranks decode (:mod:`hvdrunner.data.transform`).
+    """
     from pyspark.ml.linalg import VectorUDT
+    from pyspark.mllib.linalg import VectorUDT as MLlibVectorUDT
     from pyspark.sql import types as T
 
     numeric = (T.NumericType, T.BooleanType)
     if isinstance(dtype, numeric):
         return "scalar", 0
-    if isinstance(dtype, VectorUDT):
+    if isinstance(dtype, (T.BinaryType, T.StringType)):
+        return "object", 0
+    if isinstance(dtype, (VectorUDT, MLlibVectorUDT)):
         return "vector", 1
     depth, inner = 0, dtype
     while isinstance(inner, T.ArrayType):
@@ -36,9 +49,8 @@ def column_kind(name: str, dtype: Any) -> tuple[str, int]:
     type_name = type(inner if depth else dtype).__name__
     hint = UNSUPPORTED_HINT.get(type_name, "convert it to numbers or arrays of numbers in Spark")
     raise ValueError(
-        f"column {name!r} has type {dtype.simpleString()}, which cannot be fed to a model as a "
-        f"tensor: {hint}. Supported: numeric/boolean scalars, (nested up to 2) arrays of "
-        f"numbers of fixed length, ML vectors."
+        f"column {name!r} has type {dtype.simpleString()}, which cannot be fed to a model: "
+        f"{hint}. {SUPPORTED}"
     )
 
 
@@ -75,6 +87,8 @@ def column_spec(
             f"(df.fillna) or filter them out before prepare()."
         )
     kind, depth = kind_depth
+    if kind == "object":
+        return Column(name, "object", (), 0)
     shape = () if kind == "scalar" else _array_shape(name, depth, stats)
     if name in shapes:
         wanted_shape = tuple(int(s) for s in shapes[name])
@@ -104,7 +118,8 @@ def _array_shape(name: str, depth: int, stats: dict[str, Any]) -> tuple[int, ...
     if lo != hi:
         raise ValueError(
             f"column {name!r} holds ragged arrays (lengths {lo}..{hi}); a batch needs "
-            f"one length. Pad or truncate them in Spark (e.g. F.slice) first."
+            f"one length. Pass prepare(..., pad={{{name!r}: <length>}}) to pad with 0 and "
+            f"truncate to that length (token ids), or reshape them in Spark first."
         )
     if depth == 1:
         return (hi,)
@@ -156,3 +171,27 @@ def numpy_name(dtype: Any) -> str:
         T.LongType: "int64",
         T.BooleanType: "bool",
     }[type(dtype)]
+
+
+def check_pad(pad: dict[str, Any], kinds: dict[str, tuple[str, int]]) -> None:
+    """``prepare(pad=...)``: names of 1-level numeric array columns, positive lengths."""
+    for name, length in pad.items():
+        if kinds.get(name) != ("array", 1):
+            raise ValueError(
+                f"pad names {name!r}, which is not a feature or label column holding arrays of "
+                f"numbers (one level): pad pads token-id arrays"
+            )
+        if isinstance(length, bool) or not isinstance(length, int) or length < 1:
+            raise ValueError(
+                f"pad[{name!r}]={length!r} must be a positive int (the length to pad with 0 "
+                f"or cut to)"
+            )
+
+
+def padded(col: Any, length: int, element_type: Any) -> Any:
+    """``col`` (an array column) padded with 0 and cut to ``length`` elements, its element
+    type kept."""
+    from pyspark.sql import functions as F
+
+    filler = F.array_repeat(F.lit(0).cast(element_type), length)
+    return F.slice(F.concat(col, filler), 1, length)

@@ -1,5 +1,6 @@
-"""The tf.data feed of :meth:`PreparedData.tf_dataset`: a rank's shard as an endless
-``tf.data.Dataset`` of full batches, in memory, streamed, or through a numpy transform.
+"""The tf.data feed of :meth:`PreparedData.tf_dataset`: a rank's shard as a
+``tf.data.Dataset`` of batches, in memory, streamed, or from a Python feed (a transform that
+decodes on the ranks, or an evaluation pass).
 
 The data layer's only TensorFlow: imported inside each function, so nothing here needs
 TensorFlow until a TensorFlow rank asks for a dataset (the torch feed is
@@ -10,7 +11,7 @@ from __future__ import annotations
 
 import functools
 import math
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Generator, Iterator
 from typing import Any
 
 import numpy as np
@@ -18,7 +19,6 @@ import numpy as np
 from hvdrunner.data.reader import (
     Piece,
     epoch_indices,
-    iter_batches,
     load_shard,
     pass_plan,
     read_piece,
@@ -88,7 +88,7 @@ def stream_dataset(
         pick = np.resize(head, need)
         return [*(np.take(v, pick, axis=0) for v in first.values()), np.arange(need)]
 
-    dtypes = [tf.as_dtype(c.dtype) for c in data.columns] + [tf.int64]
+    dtypes = [tf_dtype(c.dtype) for c in data.columns] + [tf.int64]
 
     def rows_of(epoch: Any, j: Any) -> Any:
         *out, order = tf.numpy_function(load, [epoch, j], dtypes, stateful=False)
@@ -108,21 +108,48 @@ def stream_dataset(
     return rows.rebatch(batch_size, drop_remainder=True)
 
 
-def transform_dataset(
-    data: Any, pieces: list[Piece], batch_size: int, shuffle: bool, seed: int, shard: int,
-    first_epoch: int, transform: Callable[[dict[str, Any]], dict[str, Any]],
+def generator_dataset(
+    feed: Callable[[], Iterator[dict[str, Any]]], structure: Callable[[dict[str, Any]], Any],
+    partial: bool,
 ) -> Any:  # fmt: skip
+    """A dataset of the numpy batches ``feed()`` yields (a transform's, or an evaluation
+    pass's), each as ``structure`` shapes it; ``partial``: the last batch may be smaller.
+
+    Its element spec is read off the first batch (binary and string columns as
+    ``tf.string``); that batch's reader is closed at once.
+    """
     import tensorflow as tf
 
-    def gen() -> Iterator[Any]:
-        for batch in iter_batches(
-            data.local_path, pieces, data.columns, batch_size, shuffle, seed, shard,
-            first_epoch, data.read_ahead,
-        ):  # fmt: skip
-            yield data.structure(transform(batch))
+    def gen() -> Generator[Any, None, None]:
+        batches = feed()
+        try:
+            for batch in batches:
+                yield structure(batch)
+        finally:
+            close = getattr(batches, "close", None)
+            if close is not None:
+                close()
 
-    sample = next(gen())
-    signature = tf.nest.map_structure(
-        lambda a: tf.TensorSpec(shape=a.shape, dtype=tf.as_dtype(a.dtype)), sample
-    )
-    return tf.data.Dataset.from_generator(gen, output_signature=signature)
+    probe = gen()
+    try:
+        sample = next(probe)
+    except StopIteration:  # an empty shard: nothing to evaluate here
+        sample = None
+    finally:
+        probe.close()
+    if sample is None:
+        return tf.data.Dataset.from_tensors(0).take(0)
+
+    def spec(a: np.ndarray) -> Any:
+        shape = (None if partial else a.shape[0], *a.shape[1:])
+        return tf.TensorSpec(shape=shape, dtype=tf_dtype(a.dtype))
+
+    return tf.data.Dataset.from_generator(gen, output_signature=tf.nest.map_structure(spec, sample))
+
+
+def tf_dtype(dtype: Any) -> Any:
+    """TensorFlow's dtype for a column's numpy dtype: binary and string columns (``object``,
+    holding ``bytes``/``str``) are ``tf.string``."""
+    import tensorflow as tf
+
+    return tf.string if np.dtype(dtype) == object else tf.as_dtype(dtype)

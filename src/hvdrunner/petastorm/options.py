@@ -15,6 +15,7 @@ from typing import Any
 from hvdrunner._logging import get_logger
 from hvdrunner.data import PreparedData
 from hvdrunner.data.reader import READ_AHEAD
+from hvdrunner.data.transform import TransformSpec
 from hvdrunner.distributed import size
 
 _log = get_logger("hvdrunner.petastorm")
@@ -25,10 +26,6 @@ NOT_OFFERED = {
     "predicate": "filter the DataFrame in Spark (df.filter(...)) before make_spark_converter",
     "filters": "filter the DataFrame in Spark (df.filter(...)) before make_spark_converter",
     "rowgroup_selector": "filter the DataFrame in Spark before make_spark_converter",
-    "transform_spec": (
-        "transform in Spark before make_spark_converter, or map the batches (ds.map(...) in "
-        "TensorFlow, in the training loop in PyTorch)"
-    ),
     "shard_seed": (
         "shards are equal contiguous row ranges, not randomly assigned row groups: there is "
         f"nothing to seed; {_DROP}"
@@ -48,7 +45,7 @@ NOT_OFFERED = {
 # Arguments accepted only with the value that describes what hvdrunner does anyway.
 _ONLY = {"reader_pool_type": "thread", "cache_type": "null"}
 _OFFERED = ("cur_shard", "shard_count", "seed", "shuffle_row_groups", "shuffle_rows",
-            "schema_fields")  # fmt: skip
+            "schema_fields", "transform_spec")  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -62,7 +59,13 @@ class ReadOptions:
     cur_shard: int
     shard_count: int
     read_ahead: int
-    fields: tuple[str, ...]  # the columns in each batch, in the DataFrame's order
+    fields: tuple[str, ...]  # the columns read, in the DataFrame's order
+    transform: TransformSpec | None = None  # decodes each batch on the rank (workers_count at once)
+
+    @property
+    def outputs(self) -> tuple[str, ...]:
+        """The columns of each batch: the transform's output, or the fields read."""
+        return self.fields if self.transform is None else self.transform.output_names(self.fields)
 
 
 def read_options(
@@ -91,6 +94,12 @@ def read_options(
     seed = kw.get("seed")
     if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int)):
         raise ValueError(f"seed={seed!r} must be an int (or None for seed 0)")
+    spec = kw.get("transform_spec")
+    if spec is not None and not isinstance(spec, TransformSpec):
+        raise TypeError(
+            f"transform_spec={spec!r}: pass a TransformSpec (from hvdrunner.petastorm import "
+            f"TransformSpec; petastorm's own works after the same one-line import change)"
+        )
     return ReadOptions(
         batch_size=_count("batch_size", batch_size, minimum=1) or 32,
         num_epochs=_count("num_epochs", num_epochs, minimum=1),
@@ -100,6 +109,7 @@ def read_options(
         shard_count=count,
         read_ahead=_count("workers_count", workers_count, minimum=1) or READ_AHEAD,
         fields=_fields(columns, kw.get("schema_fields")),
+        transform=spec,
     )
 
 
@@ -172,18 +182,16 @@ def _fields(columns: Sequence[str], schema_fields: Any) -> tuple[str, ...]:
 
 
 def view(data: PreparedData, opts: ReadOptions) -> PreparedData:
-    """``data`` reading only ``opts.fields`` (as a dict of columns), ``opts.read_ahead`` at once."""
-    return dataclasses.replace(
+    """``data`` reading only ``opts.fields``, ``opts.read_ahead`` pieces at once, fed as a
+    dict of :attr:`ReadOptions.outputs` (decoded by the transform, ``workers_count`` batches
+    at once, when there is one)."""
+    data = dataclasses.replace(
         data, columns=tuple(c for c in data.columns if c.name in opts.fields),
         features=opts.fields, label=None, single_feature=False, read_ahead=opts.read_ahead,
     )  # fmt: skip
+    if opts.transform is None:
+        return data
+    return data.transformed(opts.transform, list(opts.outputs), workers=opts.read_ahead)
 
 
-def batches_per_pass(data: PreparedData, opts: ReadOptions) -> int | None:
-    """Batches in ``opts.num_epochs`` passes over one shard (the same on every shard)."""
-    if opts.num_epochs is None:
-        return None
-    return opts.num_epochs * data.steps_per_epoch(opts.batch_size, opts.shard_count)
-
-
-__all__ = ["NOT_OFFERED", "ReadOptions", "batches_per_pass", "read_options", "view"]
+__all__ = ["NOT_OFFERED", "ReadOptions", "read_options", "view"]

@@ -68,9 +68,14 @@ class SparkDatasetConverter:
         """A context manager yielding a ``tf.data.Dataset`` of batches: namedtuples with a
         field per column (as petastorm's), every batch full.
 
-        ``num_epochs=None`` is endless; a number gives that many passes over this shard, the
-        same number of batches on every shard (each pass is ``ceil(ceil(N / shard_count) /
-        batch_size)`` batches; a pass's last batch is topped up with its own first rows).
+        ``num_epochs=None`` is endless, full batches, the same number on every shard (each
+        pass is ``ceil(ceil(N / shard_count) / batch_size)`` batches; a pass's last batch is
+        topped up with its own first rows, and a shard smaller than a batch is repeated to
+        fill it): for training. A number gives that many passes in which every row counts
+        once over the shards, the last batch of a pass what is left, as petastorm's (shards
+        may then differ by a batch): for evaluation. ``transform_spec``: a
+        :class:`~hvdrunner.petastorm.TransformSpec` that decodes each batch on the rank
+        (images, text), ``workers_count`` batches at once in threads.
         ``workers_count``: pieces decoded at once. Any shuffle asked for (the default
         ``shuffle_row_groups=True``, ``shuffle_rows``, a ``shuffling_queue_capacity``) is a full
         per-epoch permutation of the shard, reproducible from ``seed`` (``None``: 0).
@@ -168,7 +173,7 @@ def make_spark_converter(
 
     Raises:
         ValueError: the conf is not set; an unknown codec or dtype; a column that cannot be a
-            tensor (strings, maps: named, with the fix); nulls; ragged arrays; an empty
+            tensor (maps, structs: named, with the fix); nulls; ragged arrays; an empty
             DataFrame.
 
     Example:

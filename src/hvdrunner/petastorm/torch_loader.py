@@ -1,5 +1,6 @@
-"""``make_torch_dataloader``'s loader: ``{column: tensor}`` batches of the shard, equal in
-number on every rank, from the framework-free feed :meth:`PreparedData.batches`."""
+"""``make_torch_dataloader``'s loader: ``{column: tensor}`` batches of the shard from the
+framework-free feed :meth:`PreparedData.batches`, decoded by a ``TransformSpec`` when one is
+given, with petastorm's type rules (booleans as ``uint8``, strings and bytes refused by name)."""
 
 from __future__ import annotations
 
@@ -7,9 +8,37 @@ import contextlib
 from collections.abc import Generator, Iterator
 from typing import Any
 
+import numpy as np
+
 from hvdrunner.data import PreparedData
-from hvdrunner.petastorm.options import ReadOptions, batches_per_pass, view
+from hvdrunner.petastorm.options import ReadOptions, view
 from hvdrunner.torch.inputs import to_tensors
+
+#: petastorm's promotions to types torch has (petastorm.pytorch._sanitize_pytorch_types).
+_PROMOTE = {np.dtype(np.bool_): np.uint8, np.dtype(np.uint16): np.int32,
+            np.dtype(np.uint32): np.int64}  # fmt: skip
+
+
+def sanitized(batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """``batch`` with petastorm's type rules for torch: booleans as ``uint8`` (so ``1 - x``
+    and ``x + x`` mean what they mean under petastorm), ``uint16``/``uint32`` widened; a
+    column of strings or bytes raises, naming it and the fix.
+
+    Example:
+        >>> sanitized({"b": np.array([True, False])})["b"].dtype
+        dtype('uint8')
+    """
+    out = {}
+    for name, value in batch.items():
+        if value.dtype.kind in "OSU":
+            raise TypeError(
+                f"PyTorch does not support arrays of string or object classes. Found in field "
+                f"{name!r}: decode it on the ranks with a TransformSpec (transform_spec=...), "
+                f"or leave it out (schema_fields=...)"
+            )
+        promote = _PROMOTE.get(value.dtype)
+        out[name] = value if promote is None else value.astype(promote)
+    return out
 
 
 class DataLoader:
@@ -40,13 +69,11 @@ class DataLoader:
         feed = self._data.batches(
             o.batch_size, shuffle=o.shuffle, seed=o.seed, cur_shard=o.cur_shard,
             shard_count=o.shard_count, first_epoch=first_epoch, in_memory=None,
+            passes=o.num_epochs, strict=False,
         )  # fmt: skip
-        total = batches_per_pass(self._data, o)
         with contextlib.closing(feed):  # type: ignore[type-var]
-            for i, batch in enumerate(feed):
-                if total is not None and i >= total:
-                    return
-                yield to_tensors(batch)
+            for batch in feed:
+                yield to_tensors(sanitized(batch))
 
     def close(self) -> None:
         """Stop every open iteration (and its read-ahead threads)."""
@@ -65,4 +92,4 @@ def torch_dataloader(data: PreparedData, opts: ReadOptions) -> Iterator[DataLoad
         loader.close()
 
 
-__all__ = ["DataLoader", "torch_dataloader"]
+__all__ = ["DataLoader", "sanitized", "torch_dataloader"]
