@@ -67,18 +67,18 @@ def test_the_converter_has_petastorms_attributes_and_files(spark, parent):
 
 
 @data_layer
-@pytest.mark.parametrize("rows,count", [(101, 2), (101, 3), (1000, 3)])
-def test_finite_epochs_give_every_shard_the_same_full_batches(spark, parent, rows, count):
+@pytest.mark.parametrize("rows,count", [(101, 2), (101, 3), (1000, 3), (96, 3)])
+def test_finite_epochs_count_every_row_once_with_equal_steps_on_every_shard(spark, parent, rows,
+                                                                            count):  # fmt: skip
     converter = make_spark_converter(_frame(spark, rows))
     per = [_tf_rows(converter, s, count, batch_size=16, num_epochs=2) for s in range(count)]
-    steps = 2 * math.ceil(math.ceil(rows / count) / 16)
-    for _, sizes in per:
-        assert sizes == [16] * steps  # equal steps on every shard, every batch full
+    steps = {len(sizes) for _, sizes in per}
+    assert len(steps) == 1  # the same steps on every shard: a collective per batch is safe
+    for _, sizes in per:  # full batches, then what is left (petastorm's last batch)
+        assert all(n == 16 for n in sizes[: len(sizes) // 2 - 1])
+        assert 1 <= sizes[len(sizes) // 2 - 1] <= 17
     seen = Counter(r for ids, _ in per for r in ids)
-    assert set(seen) == set(range(rows))  # no row dropped
-    # Each epoch reads every row at least once; repeats are only the top-up of a shard's
-    # last batch and the last shard's wrap-around, at most one batch's worth per shard.
-    assert sum(seen.values()) - 2 * rows <= 2 * count * 16
+    assert seen == Counter({r: 2 for r in range(rows)})  # every row once per epoch, none twice
     converter.delete()
 
 
@@ -121,7 +121,7 @@ def test_shuffle_follows_petastorms_switches_and_is_seeded(spark, parent):
     "kwargs,match",
     [
         ({"predicate": object()}, r"predicate= .* filter the DataFrame in Spark"),
-        ({"transform_spec": object()}, r"transform_spec= .* transform in Spark"),
+        ({"cache_location": "/tmp"}, r"cache_location= .* no local disk cache"),
         ({"shard_seed": 3}, r"shard_seed= .* nothing to seed"),
         ({"reader_pool_type": "process"}, r"reader_pool_type='process' is not offered"),
         ({"cur_shard": 0}, r"cur_shard=0 and shard_count=None: pass both"),
@@ -129,7 +129,6 @@ def test_shuffle_follows_petastorms_switches_and_is_seeded(spark, parent):
         ({"schema_fields": ["nope"]}, r"schema_fields names \['nope'\]"),
         ({"schema_fields": ["row.*"]}, r"schema_fields names \['row.\*'\]"),
         ({"num_epochs": 0}, r"num_epochs=0 must be an int >= 1"),
-        ({"batch_size": 5000}, r"batch_size=5000 is larger than one rank's shard"),
         ({"workers_count": 0}, r"workers_count=0 must be an int >= 1"),
     ],
 )  # fmt: skip
@@ -159,8 +158,8 @@ def test_make_spark_converter_refuses_what_it_cannot_write(spark, parent):
         make_spark_converter(df, compression_codec="zip")
     with pytest.raises(ValueError, match=r"dtype='float16' is not supported"):
         make_spark_converter(df, dtype="float16")
-    with pytest.raises(ValueError, match=r"column 'name' has type string"):
-        make_spark_converter(df.withColumn("name", F.lit("x")))
+    with pytest.raises(ValueError, match=r"column 'name' has type map<string,bigint>"):
+        make_spark_converter(df.withColumn("name", F.create_map(F.lit("x"), F.col("row"))))
     with pytest.raises(ValueError, match=r"column 'weight' has 20 null rows"):
         make_spark_converter(df.withColumn("weight", F.lit(None).cast("double")))
     converter = make_spark_converter(df)

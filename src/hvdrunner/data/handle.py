@@ -24,16 +24,19 @@ from hvdrunner.data.reader import (
     Column,
     Piece,
     epoch_indices,
+    exact_steps,
     iter_batches,
     load_shard,
     rows_per_rank,
     shard_pieces,
 )
 from hvdrunner.data.transform import TransformSpec, map_ahead
+from hvdrunner._logging import get_logger
 from hvdrunner.distributed import rank, size
 
 DEFAULT_CACHE_DIR = os.path.join(os.getcwd(), ".hvdrunner", "data-cache")
 _META = "_hvdrunner_meta.json"
+_log = get_logger("hvdrunner.data")
 _FORMAT = 1
 
 
@@ -148,12 +151,20 @@ class PreparedData:
         once and gather each batch from memory (``None``: when :meth:`shard_bytes` fits the
         budget, as in :meth:`tf_dataset`); both give the same batches. ``passes``: that many
         passes, then the end, each counting every row of the data once over the shards (no
-        padding, no wrap-around: the last batch of a pass is what is left, and shards may
-        differ by a batch): an evaluation pass. ``strict=False``: a batch larger than the
+        padding, no wrap-around), with the same number of batches on every shard, the last
+        one holding what is left (:func:`~hvdrunner.data.reader.exact_steps`): an
+        evaluation pass. ``strict=False``: a batch larger than the
         shard is topped up by repeating it instead of refused (the petastorm drop-in).
         """
+        count = size() if shard_count is None else shard_count
+        exact = None if passes is None else exact_steps(self.num_rows, count, batch_size)
+        if passes is not None and exact is None:
+            _log.warning(
+                f"{self.num_rows} rows cannot give {count} shards a batch each: this pass "
+                f"repeats rows to fill the shards (fewer shards count every row once)"
+            )
         shard, count, pieces = self._shard(batch_size, cur_shard, shard_count, strict,
-                                           wrap=passes is None)  # fmt: skip
+                                           wrap=exact is None)  # fmt: skip
         if in_memory is None:
             in_memory = self.shard_bytes(count) <= _memory_budget()
         if in_memory and passes is None:
@@ -161,7 +172,7 @@ class PreparedData:
         else:
             feed = iter_batches(
                 self.local_path, pieces, self.columns, batch_size, shuffle, seed, shard,
-                first_epoch, self.read_ahead, passes,
+                first_epoch, self.read_ahead, passes, exact,
             )  # fmt: skip
         if self.transform is None:
             return feed

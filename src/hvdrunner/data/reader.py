@@ -47,17 +47,40 @@ def rows_per_rank(num_rows: int, shard_count: int) -> int:
     return math.ceil(num_rows / shard_count)
 
 
+def exact_steps(num_rows: int, shard_count: int, batch_size: int) -> int | None:
+    """Batches of one pass in which every row counts once (``wrap=False`` shards), the same
+    on every shard; ``None`` when some shard would have none (fewer rows than shards).
+
+    A shard's last batch holds what is left: 1 to ``batch_size`` rows, or ``batch_size + 1``
+    when the balanced split leaves the larger shards one row past whole batches (so the
+    smaller ones need not end on an empty batch).
+
+    Example:
+        >>> exact_steps(10, 1, 4), exact_steps(100, 4, 30), exact_steps(9, 4, 2)
+        (3, 1, 1)
+    """
+    base = num_rows // shard_count
+    if base == 0:
+        return None
+    steps = math.ceil(math.ceil(num_rows / shard_count) / batch_size)
+    if base <= (steps - 1) * batch_size:  # the smaller shards end on a whole batch
+        steps -= 1
+    return steps
+
+
 def shard_pieces(
     files: Sequence[tuple[str, int]], shard: int, shard_count: int, wrap: bool = True
 ) -> list[Piece]:
     """The file slices making up ``shard``'s global row range (wrapping at the end, so every
-    shard has the same rows; ``wrap=False``: each row in exactly one shard, the last ones
-    shorter, for a pass that must count every row once)."""
+    shard has the same rows; ``wrap=False``: each row in exactly one shard, the shards
+    balanced to within a row, for a pass that must count every row once)."""
     total = sum(n for _, n in files)
     per = rows_per_rank(total, shard_count)
     lo, hi = shard * per, (shard + 1) * per
-    if not wrap:
-        ranges = [(min(lo, total), min(hi, total))]
+    if not wrap:  # balanced: the first total % count shards one row more
+        base, extra = divmod(total, shard_count)
+        lo = shard * base + min(shard, extra)
+        ranges = [(lo, lo + base + (1 if shard < extra else 0))]
     else:  # rows lo..hi taken modulo total: every shard has exactly `per` rows
         ranges, start = [], lo
         while start < hi and total:
@@ -197,25 +220,34 @@ def iter_batches(
     first_epoch: int = 0,
     read_ahead: int = READ_AHEAD,
     passes: int | None = None,
+    pass_steps: int | None = None,
 ) -> Iterator[dict[str, np.ndarray]]:
     """Full batches over the shard, pieces decoded ahead in background threads.
 
     Each pass (epoch) is reshuffled with its own seed and padded to ``ceil(rows /
     batch_size)`` batches from the pass's own first rows. ``first_epoch``: the pass a
     resumed job starts at. ``read_ahead``: pieces decoded at once in background threads.
-    ``passes``: ``None`` is endless; a number gives that many passes with no padding, the
-    last batch of each pass holding what is left (an evaluation that counts each row once).
+    ``passes``: ``None`` is endless; a number gives that many passes of ``pass_steps``
+    batches with no padding, the last batch of each pass holding what is left (an
+    evaluation that counts each row once: :func:`exact_steps`).
     """
     lengths = [p.stop - p.start for p in pieces]
-    steps = math.ceil(sum(lengths) / batch_size)
+    steps = math.ceil(sum(lengths) / batch_size) if pass_steps is None else pass_steps
     epoch = first_epoch
     if not sum(lengths):
+        return
+
+    if passes is not None:
+        for epoch in range(first_epoch, first_epoch + passes):
+            plan = pass_plan(lengths, shuffle, seed, shard, epoch)
+            with contextlib.closing(_pieces_ahead(root, pieces, plan, columns, read_ahead)) as chunks:
+                yield from _exact_pass(chunks, batch_size, steps)
         return
 
     def rows(arrays: dict[str, np.ndarray]) -> int:
         return len(next(iter(arrays.values())))
 
-    while passes is None or epoch < first_epoch + passes:
+    while True:
         plan = pass_plan(lengths, shuffle, seed, shard, epoch)
         emitted = 0
         carry: dict[str, np.ndarray] | None = None  # < batch_size rows left from the last piece
@@ -243,15 +275,30 @@ def iter_batches(
                     carry = rest if carry is None else {
                         k: np.concatenate([carry[k], rest[k]]) for k in rest
                     }  # fmt: skip
-        if emitted < steps and passes is not None:  # what is left, unpadded
-            assert carry is not None
-            yield carry
-        elif emitted < steps:  # pad the last partial batch from the pass's own first rows
+        if emitted < steps:  # pad the last partial batch from the pass's own first rows
             assert carry is not None and head is not None
             need = batch_size - rows(carry)
             pad = {k: np.resize(v, (need, *v.shape[1:])) for k, v in head.items()}
             yield {k: np.concatenate([carry[k], pad[k]]) for k in carry}
         epoch += 1
+
+
+def _exact_pass(
+    chunks: Iterator[dict[str, np.ndarray]], batch_size: int, steps: int
+) -> Iterator[dict[str, np.ndarray]]:
+    """``steps`` batches of one pass: full ones, then everything left as the last."""
+    left: dict[str, np.ndarray] | None = None  # rows not yet in a batch
+    emitted = 0
+    for chunk in chunks:
+        left = chunk if left is None else {k: np.concatenate([left[k], v]) for k, v in chunk.items()}
+        n, start = len(next(iter(left.values()))), 0
+        while emitted < steps - 1 and n - start >= batch_size:  # views, no copy
+            yield {k: v[start : start + batch_size] for k, v in left.items()}
+            start += batch_size
+            emitted += 1
+        left = {k: v[start:] for k, v in left.items()}
+    if left is not None and len(next(iter(left.values()))):
+        yield left
 
 
 def load_shard(
