@@ -4,7 +4,6 @@ petastorm 0.13.1 imports, the real converter is run beside it for the facts it i
 
 from __future__ import annotations
 
-import math
 import os
 from collections import Counter
 

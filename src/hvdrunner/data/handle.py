@@ -17,6 +17,7 @@ from typing import Any
 
 import numpy as np
 
+from hvdrunner._logging import get_logger
 from hvdrunner.data import tf_feed
 from hvdrunner.data import transform as transforms
 from hvdrunner.data.reader import (
@@ -31,7 +32,6 @@ from hvdrunner.data.reader import (
     shard_pieces,
 )
 from hvdrunner.data.transform import TransformSpec, map_ahead
-from hvdrunner._logging import get_logger
 from hvdrunner.distributed import rank, size
 
 DEFAULT_CACHE_DIR = os.path.join(os.getcwd(), ".hvdrunner", "data-cache")
