@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 from typing import Any
 
 from hvdrunner import _paths
@@ -86,3 +88,36 @@ def write(df: Any, path: str) -> str:
 def read(spark: Any, path: str) -> Any:
     """Read what :func:`split_and_write` wrote."""
     return spark.read.format(table_format()).load(path)
+
+
+#: The synthetic flowers' classes: each a base colour (RGB) the images are noisy shades of.
+FLOWERS = {"daisy": (230, 230, 90), "dandelion": (240, 200, 20), "roses": (200, 30, 60),
+           "sunflowers": (250, 150, 0), "tulips": (170, 60, 200)}  # fmt: skip
+
+
+def write_synthetic_flowers(folder: str, per_class: int = 120, size: int = 32,
+                            seed: int = 0) -> str:  # fmt: skip
+    """JPEG files laid out as Databricks' flowers data set is (``<folder>/<class>/<n>.jpg``),
+    for the image notebook and tests where no images can be downloaded: each class a colour
+    with a stripe at its own angle, under noise. Read them with Spark's ``binaryFile`` source.
+
+    Example:
+        >>> root = write_synthetic_flowers("/tmp/flowers", per_class=4)  # doctest: +SKIP
+        >>> spark.read.format("binaryFile").option("recursiveFileLookup", "true").load(root)  # doctest: +SKIP
+    """
+    import numpy as np
+    from PIL import Image
+
+    rng = np.random.default_rng(seed)
+    yy, xx = np.mgrid[0:size, 0:size]
+    for k, (name, colour) in enumerate(FLOWERS.items()):
+        out = os.path.join(folder, name)
+        os.makedirs(out, exist_ok=True)
+        angle = np.pi * k / len(FLOWERS)
+        stripe = (np.sin((xx * np.cos(angle) + yy * np.sin(angle)) * 0.6) > 0)[..., None]
+        for i in range(per_class):
+            base = np.array(colour, dtype=np.float32) * rng.uniform(0.7, 1.0)
+            pixels = base * np.where(stripe, 1.0, 0.55) + rng.normal(0, 18, (size, size, 3))
+            image = Image.fromarray(np.clip(pixels, 0, 255).astype(np.uint8))
+            image.save(os.path.join(out, f"{i:04d}.jpg"), format="JPEG", quality=90)
+    return folder

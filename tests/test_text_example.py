@@ -1,0 +1,44 @@
+"""docs/data.md's text example, run as written: words to token ids in Spark, ragged lengths
+padded by prepare(pad=...), an embedding model trained by hvdrunner.torch.fit on 2 ranks."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+DOC = Path(__file__).resolve().parents[1] / "docs" / "data.md"
+GOOD = ["good", "great", "fine", "lovely", "superb"]
+BAD = ["bad", "awful", "poor", "dull", "boring"]
+FILLER = ["the", "a", "movie", "plot", "acting", "was", "and", "film", "story", "cast"]
+
+
+def reviews(spark, n: int = 800):
+    """Sentences of 4 to 24 words; label 1 when the review's sentiment words are good."""
+    rng = np.random.default_rng(0)
+    rows = []
+    for _ in range(n):
+        label = int(rng.integers(2))
+        length = int(rng.integers(4, 25))
+        pool = GOOD if label else BAD
+        words = [pool[rng.integers(5)] if rng.random() < 0.3 else FILLER[rng.integers(10)]
+                 for _ in range(length)]  # fmt: skip
+        words[rng.integers(length)] = pool[rng.integers(5)]  # at least one
+        rows.append((" ".join(words), label))
+    return spark.createDataFrame(rows, "text string, label int").repartition(3)
+
+
+@pytest.mark.torch
+@pytest.mark.timeout(300)
+def test_the_text_example_trains_an_embedding_model(spark, tmp_path):
+    source = re.search(r"<!-- recipe: text[^>]*-->\n```python\n(.*?)```", DOC.read_text(), re.S)
+    assert source, "docs/data.md lost its text example"
+    namespace = {"__name__": "__main__", "spark": spark, "df": reviews(spark),
+                 "cache_dir": str(tmp_path)}  # fmt: skip
+    exec(compile(source.group(1), str(DOC), "exec"), namespace)  # noqa: S102 - the doc as written
+    data = namespace["data"]
+    assert [(c.name, c.dtype, c.shape) for c in data.columns] == [
+        ("tokens", "int32", (16,)), ("label", "int32", ())]  # fmt: skip
+    assert namespace["accuracy"] > 0.9
