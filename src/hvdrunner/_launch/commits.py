@@ -225,8 +225,9 @@ def _to_wire(value: Any) -> Any:
 
 def _from_wire(value: Any) -> Any:
     if isinstance(value, _Tensor):
-        import torch
-
+        # A _Tensor was made of a torch tensor, so torch is loaded in this rank (the state
+        # being restored holds torch objects): this module imports no framework itself.
+        torch = sys.modules["torch"]
         return torch.from_numpy(value.array).to(value.device)
     if isinstance(value, dict):
         return type(value)((k, _from_wire(v)) for k, v in value.items())
