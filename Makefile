@@ -29,10 +29,13 @@ export PYSPARK_PYTHON := $(abspath $(PY))
 export PYSPARK_DRIVER_PYTHON := $(abspath $(PY))
 export TF_CPP_MIN_LOG_LEVEL ?= 2
 
-.PHONY: demo test test-all test-tf-keras docs env doctor lint bench gpu-check release clean-env
+.PHONY: demo demo-images test test-all test-tf-keras docs env doctor lint bench gpu-check release clean-env
 
 demo: $(STAMP)        ## the main job: 2 Horovod ranks on local Spark, MLflow in ./mlflow.db
 	$(PY) -m hvdrunner demo --framework $(FRAMEWORK)
+
+demo-images: $(STAMP) ## images: JPEG files -> a table -> decoded on 2 ranks -> a CNN -> scored (notebooks/04_images.py)
+	MLFLOW_TRACKING_URI=$${MLFLOW_TRACKING_URI:-sqlite:///mlflow.db} $(PY) -m hvdrunner.notebook run notebooks/04_images.py --task-values .hvdrunner/images_task_values.json
 
 test: $(STAMP)        ## the tests that $(STACK) adds information to (tests/conftest.py); CI runs every stack
 	@# The gpu stack's wheel is compared with the torch stack's CPU wheel (tests/test_gpu_wheel.py).

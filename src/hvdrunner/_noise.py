@@ -31,6 +31,8 @@ CHATTER = (
     # TensorFlow loading a Keras 2 model saved without its optimizer, as tracking saves it
     # (the optimizer's graph would hold Horovod ops)
     "No training configuration found in save file",
+    # TensorFlow starting a generator-fed dataset (a TransformSpec's decoded batches)
+    "Memory patch applied: M_TRIM_THRESHOLD",
 )  # fmt: skip
 
 

@@ -1,4 +1,6 @@
-"""Batch inference with an MLflow model over a Spark DataFrame (``mlflow.pyfunc.spark_udf``)."""
+"""Batch inference with an MLflow model over a Spark DataFrame: numeric features through
+``mlflow.pyfunc.spark_udf`` (:func:`score`), image bytes decoded on the executors
+(:func:`score_images`)."""
 
 from __future__ import annotations
 
@@ -6,6 +8,8 @@ import contextlib
 import logging
 from collections.abc import Iterator
 from typing import Any
+
+import numpy as np
 
 from hvdrunner import _console, _noise
 from hvdrunner.distributed import host_gpus
@@ -57,6 +61,46 @@ def score(
         if run_id:
             mlflow.MlflowClient().log_metric(run_id, "test_accuracy", float(acc))
     return result
+
+
+def score_images(
+    model_uri: str, df: Any, size: int, *, run_id: str | None = None
+) -> tuple[Any, float]:
+    """``(predictions, accuracy)``: the model at ``model_uri`` (its input a batch of decoded
+    images, as ``hvdrunner.keras.fit`` logs it) applied to every row of ``df`` (``content``:
+    image bytes, ``label_index``), decoding on the executors a batch of rows at a time. With
+    ``run_id``, the accuracy is logged to that MLflow run as ``test_accuracy``.
+
+    Example:
+        >>> predictions, accuracy = score_images(result.model_uri, test_df, 32)  # doctest: +SKIP
+    """
+    import mlflow
+    from pyspark.sql import functions as F
+
+    from hvdrunner.images import decode
+
+    def predict(frames: Iterator[Any]) -> Iterator[Any]:
+        quiet = _noise.CHATTER + (() if host_gpus() else _noise.CPU_NOISE)
+        with _console.replayed_without(quiet, progress_bars=True):
+            model = mlflow.pyfunc.load_model(model_uri)
+            for frame in frames:
+                images = np.stack([decode(c, size) for c in frame["content"]])
+                scores = np.asarray(model.predict(images))
+                yield frame[["label_index"]].assign(
+                    prediction=scores.argmax(axis=1).astype("int32")
+                )
+
+    predictions = df.select("content", "label_index").mapInPandas(
+        predict, "label_index int, prediction int"
+    )
+    accuracy = float(
+        predictions.agg(
+            F.avg((F.col("prediction") == F.col("label_index")).cast("double"))
+        ).first()[0]
+    )
+    if run_id:
+        mlflow.MlflowClient().log_metric(run_id, "test_accuracy", accuracy)
+    return predictions, accuracy
 
 
 class _EnvManagerNote(logging.Filter):

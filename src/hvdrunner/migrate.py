@@ -66,6 +66,13 @@ REWRITES: tuple[Rule, ...] = (
         r"\1from hvdrunner.hvd_keras import ",
     ),  # fmt: skip
     _rule(
+        r"^(\s*)from petastorm(?:\.transform)? import TransformSpec\s*$",
+        "petastorm.TransformSpec (decoding on the ranks)",
+        "hvdrunner.petastorm.TransformSpec: the same arguments, honoured by make_tf_dataset "
+        "and make_torch_dataloader",
+        r"\1from hvdrunner.petastorm import TransformSpec",
+    ),  # fmt: skip
+    _rule(
         r"^(\s*)from petastorm\.spark import ",
         "petastorm.spark (petastorm 0.13.1 needs pyarrow < 15; runtimes after 15.4 have newer)",
         "hvdrunner.petastorm.spark: make_spark_converter, SparkDatasetConverter",
@@ -93,12 +100,6 @@ MANUAL: tuple[Rule, ...] = (
         "PyTorch: unchanged @hvd.elastic.run code resumes from its last state.commit() after "
         "a restart with HorovodRunner(max_restarts=N); Keras: not supported (hvd_keras.elastic "
         "raises), use hvdrunner.keras.fit(checkpoint_dir=...) with max_restarts",
-    ),  # fmt: skip
-    _rule(
-        r"\bfrom petastorm import .*\bTransformSpec\b|\bpetastorm\.TransformSpec\b",
-        "petastorm.TransformSpec (decoding on the ranks)",
-        "not in hvdrunner.petastorm yet: decode in Spark into numeric array columns, or keep "
-        "petastorm on DBR 15.4 LTS ML",
     ),  # fmt: skip
     _rule(
         r"\b(?:make_batch_reader|make_reader|make_petastorm_dataset)\b",

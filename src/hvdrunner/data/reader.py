@@ -240,7 +240,9 @@ def iter_batches(
     if passes is not None:
         for epoch in range(first_epoch, first_epoch + passes):
             plan = pass_plan(lengths, shuffle, seed, shard, epoch)
-            with contextlib.closing(_pieces_ahead(root, pieces, plan, columns, read_ahead)) as chunks:
+            with contextlib.closing(
+                _pieces_ahead(root, pieces, plan, columns, read_ahead)
+            ) as chunks:
                 yield from _exact_pass(chunks, batch_size, steps)
         return
 
@@ -290,7 +292,9 @@ def _exact_pass(
     left: dict[str, np.ndarray] | None = None  # rows not yet in a batch
     emitted = 0
     for chunk in chunks:
-        left = chunk if left is None else {k: np.concatenate([left[k], v]) for k, v in chunk.items()}
+        left = (
+            chunk if left is None else {k: np.concatenate([left[k], v]) for k, v in chunk.items()}
+        )
         n, start = len(next(iter(left.values()))), 0
         while emitted < steps - 1 and n - start >= batch_size:  # views, no copy
             yield {k: v[start : start + batch_size] for k, v in left.items()}

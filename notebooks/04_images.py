@@ -1,0 +1,105 @@
+# Databricks notebook source
+# MAGIC %md
+# MAGIC # 04 · Images: JPEG files to a table, decoded on the ranks, a model, scored images
+# MAGIC Databricks' image recipe end to end: image files (`<class>/<image>.jpg`) read with
+# MAGIC Spark's `binaryFile` source into a table (Delta on Databricks, Parquet here) of JPEG
+# MAGIC bytes and an indexed label; `prepare()` caches the bytes as they are; each rank decodes
+# MAGIC its own batches (`hvdrunner.images.decode_spec`, a petastorm `TransformSpec`) while
+# MAGIC `hvdrunner.keras.fit` trains a small CNN on `np` ranks and logs it to MLflow; the model
+# MAGIC then scores the held-out images on the executors. With no `images_dir`, it writes a
+# MAGIC synthetic flowers set (5 classes) first. Edit `build_model`; the rest is configuration.
+# MAGIC
+# MAGIC | widget | meaning | default |
+# MAGIC |---|---|---|
+# MAGIC | `images_dir` | a folder of `<class>/<image>` files (empty: synthetic flowers under `flowers`) | `` |
+# MAGIC | `table_path` | where the image table is written | `/Volumes/<current catalog>/<current schema>/hvdrunner/images` on Databricks, `./.hvdrunner/images` elsewhere |
+# MAGIC | `cache_dir` | where `prepare()` caches the JPEG bytes for the ranks (every node must see it) | `…/hvdrunner/cache` |
+# MAGIC | `np` | Horovod ranks | `2` |
+# MAGIC | `epochs`, `batch_size`, `learning_rate` | training; batch is per rank, LR is scaled by `np` | `6`, `16`, `0.002` |
+# MAGIC | `image_size` | images are decoded and resized to this square size | `32` |
+# MAGIC | `experiment` | MLflow experiment | `/Users/<you>/hvdrunner-images` on Databricks, `hvdrunner-images` elsewhere |
+# MAGIC | `registered_model_name` | register the model (Unity Catalog: `<catalog>.<schema>.<model>`; empty: log only) | `` |
+# MAGIC
+# MAGIC Task values set: `model_uri`, `run_id`, `test_accuracy`.
+
+# COMMAND ----------
+
+
+# hvdrunner and its horovod wheel: the bundle's jobs attach them as task libraries. A
+# notebook imported by hand needs them installed first (docs/install.md): a cell above with
+#   %pip install /Volumes/<catalog>/<schema>/hvdrunner/wheels/<runtime>/*.whl
+# then dbutils.library.restartPython(), or both wheels as cluster libraries.
+try:
+    import hvdrunner
+except ImportError as exc:
+    raise ImportError(
+        "hvdrunner is not installed on this cluster: install the wheels hvdrunner_build_horovod "
+        "published (%pip install /Volumes/<catalog>/<schema>/hvdrunner/wheels/<runtime>/*.whl, "
+        "then dbutils.library.restartPython()), or attach them as cluster libraries"
+    ) from exc
+
+# COMMAND ----------
+
+from hvdrunner.notebook import default_dir, default_experiment
+
+dbutils.widgets.text("images_dir", "", "Image folder")
+dbutils.widgets.text("table_path", default_dir("images"), "Image table")
+dbutils.widgets.text("cache_dir", default_dir("cache"), "Data cache directory")
+dbutils.widgets.text("np", "2", "Horovod ranks")
+dbutils.widgets.text("epochs", "6", "Epochs")
+dbutils.widgets.text("batch_size", "16", "Batch size per rank")
+dbutils.widgets.text("learning_rate", "0.002", "Learning rate (before scaling)")
+dbutils.widgets.text("image_size", "32", "Image size")
+dbutils.widgets.text("experiment", default_experiment("hvdrunner-images"), "MLflow experiment")
+dbutils.widgets.text("registered_model_name", "", "Registered model name")
+
+# COMMAND ----------
+
+
+def build_model(size=int(dbutils.widgets.get("image_size")), classes=5):
+    """The model: plain Keras, no Horovod. Edit freely."""
+    import tensorflow as tf
+
+    return tf.keras.Sequential(
+        [
+            tf.keras.Input(shape=(size, size, 3)),
+            tf.keras.layers.Conv2D(16, 3, activation="relu"),
+            tf.keras.layers.MaxPooling2D(),
+            tf.keras.layers.Conv2D(32, 3, activation="relu"),
+            tf.keras.layers.GlobalAveragePooling2D(),
+            tf.keras.layers.Dense(classes, activation="softmax"),
+        ]
+    )
+
+
+# COMMAND ----------
+
+from hvdrunner import HorovodRunner, datasets, tracking
+from hvdrunner.data import prepare
+from hvdrunner.images import decode_spec, read_image_table
+from hvdrunner.inference import score_images
+from hvdrunner.keras import fit
+
+w = dbutils.widgets.get
+size = int(w("image_size"))
+images_dir = w("images_dir") or datasets.write_synthetic_flowers(default_dir("flowers"), size=size)
+table = datasets.read(spark, datasets.write(read_image_table(spark, images_dir), w("table_path")))
+train_df, test_df = table.randomSplit([0.8, 0.2], seed=0)
+data = prepare(train_df, features=["content", "label_index"], cache_dir=w("cache_dir"))
+with tracking.mlflow_run(experiment=w("experiment"), run_name=f"images-np{w('np')}") as run:
+    result = HorovodRunner(np=int(w("np")), driver_log_verbosity="all").run(
+        fit,
+        build_model=build_model,
+        data=data.transformed(decode_spec(size), "features", "label_index"),
+        epochs=int(w("epochs")),
+        batch_size=int(w("batch_size")),
+        learning_rate=float(w("learning_rate")),
+        loss="sparse_categorical_crossentropy",
+        metrics=["accuracy"],
+        registered_model_name=w("registered_model_name") or None,
+    )
+predictions, test_accuracy = score_images(result.model_uri, test_df, size, run_id=run.info.run_id)
+dbutils.jobs.taskValues.set("model_uri", result.model_uri)
+dbutils.jobs.taskValues.set("run_id", run.info.run_id)
+dbutils.jobs.taskValues.set("test_accuracy", test_accuracy)
+print(f"MLflow run {run.info.run_id}: model {result.model_uri}, test accuracy {test_accuracy:.3f}")
