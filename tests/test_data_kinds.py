@@ -285,3 +285,12 @@ def test_every_kind_reads_as_real_petastorm_reads_it(spark, table, tmp_path):
         converter.delete()
     spark.conf.unset(real.SparkDatasetConverter.PARENT_CACHE_DIR_URL_CONF)
     assert got["ours"] == got["real"]
+
+
+def test_the_same_columns_prepared_again_in_other_roles_get_those_roles(table, tmp_path):
+    both = prepare(table, features=["content", "label_index"], cache_dir=str(tmp_path))
+    labelled = prepare(table, features="content", label="label_index", cache_dir=str(tmp_path))
+    assert labelled.local_path == both.local_path  # the same files, reused
+    assert (both.features, both.label) == (("content", "label_index"), None)
+    assert (labelled.features, labelled.label, labelled.single_feature) == (
+        ("content",), "label_index", True)  # fmt: skip

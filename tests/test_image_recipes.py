@@ -141,3 +141,31 @@ def test_the_torch_image_recipe_trains_with_the_drop_in_and_matches_the_standard
                                         x_val=x_val, y_val=y_val)  # fmt: skip
     assert reference > 0.9 and ours > 0.9
     assert abs(ours - reference) <= SAME, (ours, reference)
+
+
+def flat_model():
+    import torch
+
+    return torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(32 * 32 * 3, 5))
+
+
+@pytest.mark.torch
+@pytest.mark.timeout(300)
+def test_torch_fit_decodes_on_the_ranks_with_the_data_s_one_setting(spark, tmp_path, images):
+    import hvdrunner.torch
+    from hvdrunner.data import prepare
+    from hvdrunner.images import decode_spec
+
+    train, _ = flowers(spark, images)
+    data = prepare(train, features=["content", "label_index"], cache_dir=str(tmp_path))
+    with pytest.raises(Exception, match="decode them on the ranks first"):
+        HorovodRunner(np=2).run(hvdrunner.torch.fit, build_model=flat_model,
+                                data=prepare(train, features="content", label="label_index",
+                                             cache_dir=str(tmp_path)),
+                                epochs=1, batch_size=16, loss="cross_entropy")  # fmt: skip
+    result = HorovodRunner(np=2).run(
+        hvdrunner.torch.fit, build_model=flat_model,
+        data=data.transformed(decode_spec(32), "features", "label_index"),
+        epochs=4, batch_size=16, learning_rate=0.003, loss="cross_entropy", metrics=["accuracy"],
+    )  # fmt: skip
+    assert result.history["accuracy"][-1] > 0.9

@@ -184,7 +184,10 @@ def _materialize(
     options = options or {}
     key, final, existing = _cached(df, wanted, dtype, shapes, loc, refresh, options, pad)
     if existing is not None:
-        return existing
+        # The same columns may have been prepared with other roles (features vs label): the
+        # files are the same, the roles are this call's.
+        return dataclasses.replace(existing, features=feats, label=label,
+                                   single_feature=isinstance(features, str))  # fmt: skip
     selected, aggs = _select(df, wanted, kinds, fields, dtype, pad)
     _log.info("checking columns (one Spark job)")
     stats = selected.agg(*aggs).collect()[0].asDict()

@@ -21,6 +21,12 @@ import torch
 
 
 def _tensor(array: np.ndarray, device: Any) -> torch.Tensor:
+    if array.dtype.kind in "OSU":
+        raise TypeError(
+            "a batch holds bytes or strings (a binary or string column), which torch has no "
+            "tensor for: decode them on the ranks first, data.transformed(TransformSpec(...), "
+            "features=..., label=...) (hvdrunner.data.TransformSpec)"
+        )
     # Arrow hands out read-only views; torch would warn on (and could write to) them.
     if not array.flags.writeable:
         array = array.copy()
