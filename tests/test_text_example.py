@@ -42,3 +42,36 @@ def test_the_text_example_trains_an_embedding_model(spark, tmp_path):
     assert [(c.name, c.dtype, c.shape) for c in data.columns] == [
         ("tokens", "int32", (16,)), ("label", "int32", ())]  # fmt: skip
     assert namespace["accuracy"] > 0.9
+
+
+def keras_text_model(vocab_size=32):
+    import tensorflow as tf
+
+    return tf.keras.Sequential([
+        tf.keras.Input(shape=(16,), dtype="int32"),
+        tf.keras.layers.Embedding(vocab_size, 16),
+        tf.keras.layers.GlobalAveragePooling1D(),
+        tf.keras.layers.Dense(2, activation="softmax"),
+    ])  # fmt: skip
+
+
+@pytest.mark.keras
+@pytest.mark.stacks("modern")
+@pytest.mark.timeout(300)
+def test_the_same_token_ids_train_a_keras_embedding_model(spark, tmp_path):
+    from pyspark.sql import functions as F
+
+    import hvdrunner.keras
+    from hvdrunner import HorovodRunner
+    from hvdrunner.data import prepare
+
+    df = reviews(spark)
+    vocab = {w: i + 1 for i, w in enumerate(sorted(GOOD + BAD + FILLER))}
+    to_ids = F.udf(lambda text: [vocab[w] for w in text.split()], "array<int>")
+    data = prepare(df.withColumn("tokens", to_ids("text")), features="tokens", label="label",
+                   pad={"tokens": 16}, cache_dir=str(tmp_path))  # fmt: skip
+    result = HorovodRunner(np=2).run(
+        hvdrunner.keras.fit, build_model=keras_text_model, data=data, epochs=8, batch_size=16,
+        learning_rate=0.01, loss="sparse_categorical_crossentropy", metrics=["accuracy"],
+    )  # fmt: skip
+    assert result.history["accuracy"][-1] > 0.9
