@@ -6,13 +6,12 @@ commit. Under hvdrunner a restart starts new processes, so the in-memory commit 
 the rank (installed before user code by :func:`install`, a ``rank_setup`` hook; it loads no
 framework and patches Horovod only once ``horovod.common.elastic`` is imported):
 
-- ``State.commit()`` on rank 0 also sends what the commit saved to the driver. The copies
-  Horovod's ``save()`` made are never changed afterwards, so a background thread writes
-  them to a file in the supervisor's folder on local disk (arrays as they are in memory,
-  the GIL released while the kernel copies them) and hands the path over; the supervisor,
-  another process, sends the bytes on to the driver over the job's authenticated channel.
-  The commit itself waits only for the small Python attributes (``epoch``, ``batch``). The
-  driver keeps the newest.
+- ``State.commit()`` on rank 0 also writes what the commit saved to a file in the
+  supervisor's folder on local disk (arrays as they are in memory, out of band: no copy in
+  Python, the GIL released while the kernel copies them) and hands the path over before it
+  returns; the supervisor, another process, sends the bytes on to the driver over the job's
+  authenticated channel, so a rank killed right after its commit still resumes from it.
+  The driver keeps the newest.
 - On a restarted attempt, the first call of an ``@hvd.elastic.run`` function loads that
   commit into rank 0's state and calls the state's reset callbacks, as Horovod does after a
   failure (restore, reset, then sync from rank 0 and run the function); Horovod's own
@@ -20,8 +19,8 @@ framework and patches Horovod only once ``horovod.common.elastic`` is imported):
 
 What is sent is every ``_saved_*`` attribute of the state and of its handlers (horovod
 0.28.1's TorchState, ObjectState, TensorFlowKerasState): model and optimizer state,
-samplers, and the user's attributes. A commit counts as durable once the driver has it; a
-rank killed in between resumes from the commit before.
+samplers, and the user's attributes. Lost only with the whole host in the moment between
+the hand-over and the supervisor's send: then the restart resumes from the commit before.
 """
 
 from __future__ import annotations
@@ -114,67 +113,26 @@ def _patch(elastic: Any) -> None:
 
 
 # -- recording ---------------------------------------------------------------------------------
-class _Sender:
-    """One background thread that writes and hands over the newest commit (older pending
-    ones are replaced: only the newest matters)."""
-
-    def __init__(self) -> None:
-        self._cv = threading.Condition()
-        self._pending: tuple[int, dict[str, Any]] | None = None
-        self._number = 0
-        self.sent = 0  # the number of the newest commit sent
-        threading.Thread(target=self._loop, name="hvdrunner-commits", daemon=True).start()
-
-    def put(self, snapshot: dict[str, Any]) -> int:
-        with self._cv:
-            self._number += 1
-            self._pending = (self._number, snapshot)
-            self._cv.notify()
-            return self._number
-
-    def flush(self, timeout: float) -> bool:
-        """Wait until the newest commit reached the supervisor; False after ``timeout``."""
-        with self._cv:
-            return self._cv.wait_for(lambda: self.sent >= self._number, timeout)
-
-    def _loop(self) -> None:
-        while True:
-            with self._cv:
-                self._cv.wait_for(lambda: self._pending is not None)
-                assert self._pending is not None
-                number, snapshot = self._pending
-                self._pending = None
-            path = os.path.join(_folder, f"commit-{number}.bin")
-            write(snapshot, path)
-            if _send is not None:
-                _send(path)
-            with self._cv:
-                self.sent = max(self.sent, number)
-                self._cv.notify_all()
+_number = 0  # commits recorded by this process
 
 
-_sender: _Sender | None = None
-
-
-def _record(state: Any) -> int:
-    """Queue what ``state.save()`` just saved for the driver; the commit's number."""
-    global _sender
+def _record(state: Any) -> str:
+    """Write what ``state.save()`` just saved to a file in the supervisor's folder and hand
+    its path over; the path. Done before ``commit()`` returns, so a rank killed after its
+    commit resumes from it (the supervisor, another process, sends the file on)."""
+    global _number
     with _lock:
-        if _sender is None:
-            _sender = _Sender()
-    return _sender.put(snapshot(state))
-
-
-def flush(timeout: float = 60.0) -> bool:
-    """Wait (at most ``timeout`` s) until this rank's newest commit is on its way to the
-    driver (benchmarks and tests; training never needs to wait)."""
-    return _sender is None or _sender.flush(timeout)
+        _number += 1
+        path = os.path.join(_folder, f"commit-{_number}.bin")
+        write(snapshot(state), path)
+        if _send is not None:
+            _send(path)
+    return path
 
 
 def snapshot(state: Any) -> dict[str, Any]:
-    """The state's ``_saved_*`` attributes and its handlers'; the user's attributes are
-    pickled now (they may be live objects the function changes next), the model's and
-    optimizer's saved copies later (``save()`` made them; nothing changes them)."""
+    """The state's ``_saved_*`` attributes and its handlers' (the copies ``save()`` made),
+    and the user's attributes pickled (they may be live objects the function changes next)."""
     handlers = getattr(state, "_handlers", {}) or {}
     return {
         "state": _saved(state),
