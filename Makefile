@@ -79,6 +79,7 @@ else
 	$(PY) benchmarks/knobs_accuracy.py
 	$(PY) benchmarks/multihost.py      # needs root: two hosts in network namespaces
 	$(PY) benchmarks/synthetic_resnet50.py  # Horovod's ResNet-50 protocol: HorovodRunner, horovodrun
+	$(PY) benchmarks/image_feed.py      # images decoded on the ranks; vs real petastorm on lts
 ifeq ($(STACK),modern)
 	$(PY) benchmarks/tf_distribute_comparison.py  # Keras: fit, the recipe, MirroredStrategyRunner
 	$(PY) benchmarks/ring_model.py --hosts 3  # needs root: 4..32 hosts on paper, checked on 3 netns hosts

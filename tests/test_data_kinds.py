@@ -115,13 +115,13 @@ def test_a_transform_decodes_on_the_rank_in_threads_ahead_of_the_model(table, tm
     feed.close()
     x, y = images.structure(batches[0])
     assert x.shape == (2, 8, 8, 3) and x.dtype == np.float32 and y.dtype == np.int32
-    assert len({t for t in seen if t.startswith("hvdrunner-transform")}) >= 2
+    assert len({t for t in seen if t.startswith("hvdrunner-read")}) >= 2  # pieces decoded at once
     # The same rows as the feed without the transform, in the same order.
     plain = data.batches(2, cur_shard=0, shard_count=1)
     for batch in batches[:5]:
         assert np.array_equal(batch["label_index"], next(plain)["label_index"])
     plain.close()
-    assert not [t for t in threading.enumerate() if t.name.startswith("hvdrunner-transform")]
+    assert not [t for t in threading.enumerate() if t.name.startswith("hvdrunner-read")]
 
 
 @pytest.mark.parametrize("spec,message", [
@@ -132,7 +132,7 @@ def test_a_transform_decodes_on_the_rank_in_threads_ahead_of_the_model(table, tm
     (TransformSpec(decode, selected_fields=["features"]),
      "column 'features' is made by the transform but not declared"),
     (TransformSpec(lambda f: f.head(1), edit_fields=[]),
-     "returned 1 rows for a batch of 4"),
+     "returned 1 rows for 10: it must keep every row"),  # a whole piece: one file of 10 rows
     (TransformSpec(lambda f: f.assign(label_index=f.label_index.astype("int64"))),
      "column 'label_index' is int64; its input column (not in edit_fields) declares int32"),
     (TransformSpec(lambda f: f[["label_index"]], selected_fields=["content"]),

@@ -165,18 +165,21 @@ class PreparedData:
             )
         shard, count, pieces = self._shard(batch_size, cur_shard, shard_count, strict,
                                            wrap=exact is None)  # fmt: skip
-        if in_memory is None:
-            in_memory = self.shard_bytes(count) <= _memory_budget()
+        if in_memory is None:  # a transform decodes pieces as they stream (see below)
+            in_memory = self.transform is None and self.shard_bytes(count) <= _memory_budget()
+        decode = (
+            None if self.transform is None else functools.partial(transforms.apply, self.transform)
+        )
         if in_memory and passes is None:
             feed = self._memory_batches(pieces, batch_size, shuffle, seed, shard, first_epoch)
-        else:
-            feed = iter_batches(
-                self.local_path, pieces, self.columns, batch_size, shuffle, seed, shard,
-                first_epoch, self.read_ahead, passes, exact,
-            )  # fmt: skip
-        if self.transform is None:
-            return feed
-        return map_ahead(functools.partial(transforms.apply, self.transform), feed, self.workers)
+            # Decoded batch by batch: what is held in memory stays the small source bytes.
+            return feed if decode is None else map_ahead(decode, feed, self.workers)
+        # Streamed: each piece decoded whole in the read-ahead threads (``workers`` at once)
+        # before it is batched, as petastorm decodes a row group: fewer, larger calls.
+        return iter_batches(
+            self.local_path, pieces, self.columns, batch_size, shuffle, seed, shard,
+            first_epoch, self.workers if decode else self.read_ahead, passes, exact, decode,
+        )  # fmt: skip
 
     def _memory_batches(
         self, pieces: list[Piece], batch_size: int, shuffle: bool, seed: int, shard: int,

@@ -9,10 +9,12 @@ exactly ``ceil(R / batch_size)`` full batches per epoch.
 
 from __future__ import annotations
 
+import collections
 import contextlib
+import itertools
 import math
 import os
-from collections.abc import Generator, Iterator, Sequence
+from collections.abc import Callable, Generator, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -136,45 +138,77 @@ def read_piece(root: str, piece: Piece, columns: Sequence[Column]) -> dict[str, 
         ) from exc
 
 
+#: A function over a piece's rows (``{column: array}``, any number of rows) applied in the
+#: read-ahead threads: a TransformSpec decoding images or text (transform.apply).
+Decode = Callable[[dict[str, np.ndarray]], dict[str, np.ndarray]]
+
+
 def _read_rows(
-    root: str, piece: Piece, columns: Sequence[Column], perm: np.ndarray | None
-) -> dict[str, np.ndarray]:
-    """``read_piece``, rows in ``perm`` order (unchanged when ``perm`` is None)."""
+    root: str, piece: Piece, columns: Sequence[Column], perm: np.ndarray | None,
+    decode: Decode | None = None,
+) -> dict[str, np.ndarray]:  # fmt: skip
+    """``read_piece``, rows in ``perm`` order (unchanged when ``perm`` is None), decoded."""
     chunk = read_piece(root, piece, columns)
     # np.take releases the GIL: the shuffle copy runs in the read-ahead thread too.
-    return chunk if perm is None else {k: np.take(v, perm, axis=0) for k, v in chunk.items()}
+    rows = chunk if perm is None else {k: np.take(v, perm, axis=0) for k, v in chunk.items()}
+    return rows if decode is None else decode(rows)
+
+
+#: One planned piece: its epoch (pass), its index, its rows' order.
+Planned = tuple[int, int, "np.ndarray | None"]
 
 
 def _pieces_ahead(
     root: str,
     pieces: Sequence[Piece],
-    plan: Sequence[tuple[int, np.ndarray | None]],
+    plan: Iterable[tuple[int, np.ndarray | None]] | Iterable[Planned],
     columns: Sequence[Column],
     ahead: int = READ_AHEAD,
-) -> Generator[dict[str, np.ndarray], None, None]:
-    """The planned pieces, each read and permuted, up to ``ahead`` of them in background
-    threads (pyarrow and numpy release the GIL) so the consumer rarely waits for the disk,
-    the decoder or the shuffle."""
+    decode: Decode | None = None,
+) -> Generator[Any, None, None]:
+    """The planned pieces, each read and permuted (and decoded), up to ``ahead`` of them in
+    background threads (pyarrow, numpy and image decoders release the GIL) so the consumer
+    rarely waits for the disk, the decoder or the shuffle. ``plan`` holds ``(index, perm)``
+    (yields the rows) or :data:`Planned` items (yields ``(epoch, rows)``); the latter may
+    run on over many passes, and the next pass's pieces are read while this one's last
+    batches are consumed."""
     from concurrent.futures import Future, ThreadPoolExecutor
 
     pool = ThreadPoolExecutor(ahead, thread_name_prefix="hvdrunner-read")
-    pending: list[Future[dict[str, np.ndarray]]] = []
+    pending: collections.deque[tuple[Any, Future[dict[str, np.ndarray]]]] = collections.deque()
+
+    def submit(item: Any) -> None:
+        i, perm = item[-2:]
+        pending.append((item, pool.submit(_read_rows, root, pieces[i], columns, perm, decode)))
+
     try:
         todo = iter(plan)
-        for i, perm in todo:
-            pending.append(pool.submit(_read_rows, root, pieces[i], columns, perm))
-            if len(pending) >= ahead:
-                break
+        for item in itertools.islice(todo, ahead):
+            submit(item)
         while pending:
-            chunk = pending.pop(0).result()
+            item, future = pending.popleft()
+            chunk = future.result()
             nxt = next(todo, None)
             if nxt is not None:
-                pending.append(pool.submit(_read_rows, root, pieces[nxt[0]], columns, nxt[1]))
-            yield chunk
+                submit(nxt)
+            yield (item[0], chunk) if len(item) == 3 else chunk
     finally:  # the consumer stopped early (or failed): drop what is queued, keep no thread
-        for f in pending:
+        for _, f in pending:
             f.cancel()
         pool.shutdown(wait=True)
+
+
+def _planned(
+    lengths: Sequence[int], shuffle: bool, seed: int, shard: int, first_epoch: int,
+    passes: int | None,
+) -> Iterator[Planned]:  # fmt: skip
+    """Every pass's plan, one after another (endless when ``passes`` is None)."""
+    epoch = first_epoch
+    while passes is None or epoch < first_epoch + passes:
+        plan = pass_plan(lengths, shuffle, seed, shard, epoch)
+        for i, perm in plan:
+            yield epoch, i, perm
+        epoch += 1
 
 
 def pass_plan(
@@ -221,6 +255,7 @@ def iter_batches(
     read_ahead: int = READ_AHEAD,
     passes: int | None = None,
     pass_steps: int | None = None,
+    decode: Decode | None = None,
 ) -> Iterator[dict[str, np.ndarray]]:
     """Full batches over the shard, pieces decoded ahead in background threads.
 
@@ -229,60 +264,64 @@ def iter_batches(
     resumed job starts at. ``read_ahead``: pieces decoded at once in background threads.
     ``passes``: ``None`` is endless; a number gives that many passes of ``pass_steps``
     batches with no padding, the last batch of each pass holding what is left (an
-    evaluation that counts each row once: :func:`exact_steps`).
+    evaluation that counts each row once: :func:`exact_steps`). ``decode``: applied to each
+    piece's rows in the read-ahead threads, before they are batched (``read_ahead`` pieces
+    decoded at once), as petastorm applies a transform to each row group.
     """
     lengths = [p.stop - p.start for p in pieces]
     steps = math.ceil(sum(lengths) / batch_size) if pass_steps is None else pass_steps
-    epoch = first_epoch
     if not sum(lengths):
         return
+    plan = _planned(lengths, shuffle, seed, shard, first_epoch, passes)
+    with contextlib.closing(
+        _pieces_ahead(root, pieces, plan, columns, read_ahead, decode)
+    ) as stream:
+        for _, chunks in itertools.groupby(stream, key=lambda item: item[0]):
+            rows = (chunk for _, chunk in chunks)
+            if passes is None:
+                yield from _padded_pass(rows, batch_size, steps)
+            else:
+                yield from _exact_pass(rows, batch_size, steps)
 
-    if passes is not None:
-        for epoch in range(first_epoch, first_epoch + passes):
-            plan = pass_plan(lengths, shuffle, seed, shard, epoch)
-            with contextlib.closing(
-                _pieces_ahead(root, pieces, plan, columns, read_ahead)
-            ) as chunks:
-                yield from _exact_pass(chunks, batch_size, steps)
-        return
 
-    def rows(arrays: dict[str, np.ndarray]) -> int:
-        return len(next(iter(arrays.values())))
+def _rows(arrays: dict[str, np.ndarray]) -> int:
+    return len(next(iter(arrays.values())))
 
-    while True:
-        plan = pass_plan(lengths, shuffle, seed, shard, epoch)
-        emitted = 0
-        carry: dict[str, np.ndarray] | None = None  # < batch_size rows left from the last piece
-        head: dict[str, np.ndarray] | None = None  # first rows of the pass, for padding
-        with contextlib.closing(_pieces_ahead(root, pieces, plan, columns, read_ahead)) as chunks:
-            for chunk in chunks:
-                if head is None:
-                    head = {k: v[:batch_size] for k, v in chunk.items()}
-                start = 0
-                if carry is not None:  # top the carry up to one batch: a small copy only
-                    take = min(batch_size - rows(carry), rows(chunk))
-                    carry = {k: np.concatenate([carry[k], v[:take]]) for k, v in chunk.items()}
-                    start = take
-                    if rows(carry) == batch_size:
-                        yield carry
-                        emitted += 1
-                        carry = None
-                n = rows(chunk)
-                full = start + (n - start) // batch_size * batch_size
-                for lo in range(start, full, batch_size):  # views into the piece, no copy
-                    yield {k: v[lo : lo + batch_size] for k, v in chunk.items()}
-                    emitted += 1
-                if full < n:
-                    rest = {k: v[full:] for k, v in chunk.items()}
-                    carry = rest if carry is None else {
-                        k: np.concatenate([carry[k], rest[k]]) for k in rest
-                    }  # fmt: skip
-        if emitted < steps:  # pad the last partial batch from the pass's own first rows
-            assert carry is not None and head is not None
-            need = batch_size - rows(carry)
-            pad = {k: np.resize(v, (need, *v.shape[1:])) for k, v in head.items()}
-            yield {k: np.concatenate([carry[k], pad[k]]) for k in carry}
-        epoch += 1
+
+def _padded_pass(
+    chunks: Iterator[dict[str, np.ndarray]], batch_size: int, steps: int
+) -> Iterator[dict[str, np.ndarray]]:
+    """``steps`` full batches of one pass, the last topped up from the pass's first rows."""
+    emitted = 0
+    carry: dict[str, np.ndarray] | None = None  # < batch_size rows left from the last piece
+    head: dict[str, np.ndarray] | None = None  # first rows of the pass, for padding
+    for chunk in chunks:
+        if head is None:
+            head = {k: v[:batch_size] for k, v in chunk.items()}
+        start = 0
+        if carry is not None:  # top the carry up to one batch: a small copy only
+            take = min(batch_size - _rows(carry), _rows(chunk))
+            carry = {k: np.concatenate([carry[k], v[:take]]) for k, v in chunk.items()}
+            start = take
+            if _rows(carry) == batch_size:
+                yield carry
+                emitted += 1
+                carry = None
+        n = _rows(chunk)
+        full = start + (n - start) // batch_size * batch_size
+        for lo in range(start, full, batch_size):  # views into the piece, no copy
+            yield {k: v[lo : lo + batch_size] for k, v in chunk.items()}
+            emitted += 1
+        if full < n:
+            rest = {k: v[full:] for k, v in chunk.items()}
+            carry = rest if carry is None else {
+                k: np.concatenate([carry[k], rest[k]]) for k in rest
+            }  # fmt: skip
+    if emitted < steps:  # pad the last partial batch from the pass's own first rows
+        assert carry is not None and head is not None
+        need = batch_size - _rows(carry)
+        pad = {k: np.resize(v, (need, *v.shape[1:])) for k, v in head.items()}
+        yield {k: np.concatenate([carry[k], pad[k]]) for k in carry}
 
 
 def _exact_pass(

@@ -130,7 +130,7 @@ def apply(spec: TransformSpec, batch: dict[str, np.ndarray]) -> dict[str, np.nda
         )
     if len(out) != rows:
         raise ValueError(
-            f"the TransformSpec's func returned {len(out)} rows for a batch of {rows}: it must "
+            f"the TransformSpec's func returned {len(out)} rows for {rows}: it must "
             f"keep every row (filter rows in Spark before prepare(): every rank must run the "
             f"same steps)"
         )
