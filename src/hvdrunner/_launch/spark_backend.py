@@ -87,6 +87,8 @@ def preflight(sc: Any, np: int, wait_s: float = EXECUTOR_WAIT_S) -> None:
 #: With ``min_np``, how long a restart waits for ``np`` free slots before it takes fewer:
 #: the failed attempt's own tasks take a moment to end after their job was cancelled.
 SETTLE_S = 3.0
+#: Polls (0.5 s apart) a free-slot count must hold before a restart takes it.
+STABLE_POLLS = 3
 
 
 def slots_for_restart(sc: Any, np: int, min_np: int | None, wait_s: float) -> int:
@@ -102,10 +104,15 @@ def slots_for_restart(sc: Any, np: int, min_np: int | None, wait_s: float) -> in
     """
     least = np if min_np is None else min_np
     start = time.monotonic()
+    seen: list[int] = []  # the free count at each poll
     while True:
         free, why = free_slots(sc)
+        seen.append(free)
         waited = time.monotonic() - start
-        if free >= np or (free >= least and waited >= min(SETTLE_S, wait_s)):
+        # A count is trusted once it held over STABLE_POLLS polls: when the failed attempt's
+        # tasks end, Spark hands their slots to jobs already waiting within a moment.
+        stable = len(seen) >= STABLE_POLLS and len(set(seen[-STABLE_POLLS:])) == 1
+        if stable and (free >= np or (free >= least and waited >= min(SETTLE_S, wait_s))):
             return min(np, free)
         if waited >= wait_s:
             break
