@@ -99,10 +99,10 @@ def test_the_counts_the_docs_state_match_the_repository():
     assert said and WORDS[said.group(1)] == len(jobs)
 
 
-def test_the_layout_names_every_module_and_package():
+def test_the_layout_names_every_module_and_package():  # submodules of packages too
     layout = (ROOT / "docs" / "architecture.md").read_text()
     src = ROOT / "src" / "hvdrunner"
-    names = {p.stem for p in src.glob("*.py") if p.stem not in ("__init__", "__main__")}
+    names = {p.stem for p in src.rglob("*.py") if p.stem not in ("__init__", "__main__")}
     names |= {p.name for p in src.iterdir() if (p / "__init__.py").is_file()}
     missing = sorted(n for n in names if not re.search(rf"\b{re.escape(n)}\b", layout))
     assert not missing, f"docs/architecture.md's layout omits {missing}"
