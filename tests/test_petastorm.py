@@ -236,8 +236,10 @@ def test_real_petastorm_gives_unequal_shards_where_the_drop_in_gives_equal_ones(
         real.delete()
     assert sum(real_sizes) == 1001 and real_sizes[0] != real_sizes[1]
     ours = make_spark_converter(df)
-    sizes = [len(_tf_rows(ours, s, 2, batch_size=50, num_epochs=1)[0]) for s in range(2)]
-    assert sizes[0] == sizes[1] == 550  # ceil(ceil(1001 / 2) / 50) full batches of 50
+    got = [_tf_rows(ours, s, 2, batch_size=50, num_epochs=1) for s in range(2)]
+    # The same steps on both shards (10 of 50, then what is left: 51 and 50), every row once.
+    assert [sizes for _, sizes in got] == [[50] * 9 + [51], [50] * 10]
+    assert sorted(r for ids, _ in got for r in ids) == list(range(1001))
     ours.delete()
 
 
