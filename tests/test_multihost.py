@@ -69,12 +69,17 @@ def _run_job_alone(mode: str, *scenarios: str) -> tuple[dict[str, Any], dict[str
     if proc.returncode == 3:
         pytest.skip(out.strip().splitlines()[-1])
     results, cluster = {}, {}
+    since: list[str] = []  # the job's own output since the last scenario's result
     for line in out.splitlines():
         if line.startswith("RESULT "):
             _, name, body = line.split(" ", 2)
             results[name] = json.loads(body)
+            results[name]["log_tail"] = since[-60:]
+            since = []
         elif line.startswith("CLUSTER "):
             cluster = json.loads(line[len("CLUSTER ") :])
+        else:
+            since.append(line)
     assert proc.returncode == 0 and cluster, out[-5000:]
     return results, cluster
 
@@ -116,7 +121,13 @@ def value(job_: tuple[str, dict[str, Any], dict[str, Any]], scenario: str) -> An
     _, results, _ = job_
     out = results.get(scenario)
     assert out is not None, f"scenario {scenario} did not report"
-    assert "error" not in out, out.get("traceback") or out["error"]
+    assert "error" not in out, "\n".join(
+        [
+            out.get("traceback") or out["error"],
+            "the job's output in this scenario:",
+            *out["log_tail"],
+        ]
+    )
     return out["value"]
 
 

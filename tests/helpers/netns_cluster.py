@@ -310,11 +310,24 @@ class NetnsCluster:
         """Block until ``n`` (default: one per host) executors registered with ``sc``."""
         want = len(self.hosts) if n is None else n
         deadline = time.monotonic() + timeout
-        jsc = sc._jsc.sc()  # type: ignore[attr-defined]
-        while jsc.getExecutorMemoryStatus().size() - 1 < want:  # minus the driver
+        while self._executors(sc) < want:
             if time.monotonic() > deadline:
                 raise RuntimeError(f"{want} executors did not register in {timeout:g}s")
             time.sleep(0.5)
+
+    @staticmethod
+    def _executors(sc: object) -> int:
+        """Executors registered now; -1 after a py4j network error (once seen in CI between
+        scenarios, the JVM alive: py4j answers a broken connection with a bare error, and
+        the next call opens a new one), reported so that a recurring one shows in the log."""
+        from py4j.protocol import Py4JError
+
+        try:
+            jsc = sc._jsc.sc()  # type: ignore[attr-defined]
+            return int(jsc.getExecutorMemoryStatus().size()) - 1  # minus the driver
+        except Py4JError as exc:
+            print(f"wait_for_executors: {exc!r}; asking again", flush=True)
+            return -1
 
     # -- faults --------------------------------------------------------------------------
     def pids(self, i: int) -> list[int]:

@@ -35,15 +35,28 @@ def task_slots(sc: Any) -> tuple[int, str]:
     return slots, why
 
 
+def running_tasks(sc: Any) -> int:
+    """Tasks holding executor cores now, as the task scheduler counts them: a cancelled
+    job's tasks until their Python workers are gone included. (The status tracker's
+    per-stage counts lag by up to a heartbeat, 10 s, both ways; they are the fallback where
+    the scheduler's count cannot be read.)"""
+    try:
+        counts = sc._jsc.sc().taskScheduler().runningTasksByExecutors().valuesIterator()
+        busy = 0
+        while counts.hasNext():
+            busy += int(counts.next())
+        return busy
+    except Exception:  # noqa: BLE001 - a Spark without this method: the tracker's count
+        tracker = sc.statusTracker()
+        stages = [tracker.getStageInfo(stage) for stage in tracker.getActiveStageIds()]
+        return sum(info.numActiveTasks for info in stages if info is not None)
+
+
 def free_slots(sc: Any) -> tuple[int, str]:
     """:func:`task_slots` less the tasks running now in any stage of this SparkContext
     (other jobs of the notebook, a failed attempt's tasks still ending)."""
     slots, why = task_slots(sc)
-    tracker = sc.statusTracker()
-    busy = 0
-    for stage in tracker.getActiveStageIds():
-        info = tracker.getStageInfo(stage)
-        busy += info.numActiveTasks if info is not None else 0
+    busy = running_tasks(sc)
     free = max(0, slots - busy)
     return free, f"{why}; {busy} of {slots} slots busy with running tasks" if busy else why
 
