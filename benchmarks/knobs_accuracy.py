@@ -45,7 +45,7 @@ def build_model():
 def timed_fit(**kwargs) -> dict:
     from hvdrunner.keras import compat, fit
 
-    keras = compat.tf_keras()
+    keras = compat.keras_module()
     marks: list[float] = []
 
     class Clock(keras.callbacks.Callback):

@@ -75,7 +75,7 @@ def recipe(rows: int, epochs: int, exchange: bool) -> dict:
     import hvdrunner.hvd_keras as hvd
     from hvdrunner.keras import compat
 
-    keras = compat.tf_keras()
+    keras = compat.keras_module()
     hvd.init()
     per = rows // hvd.size()
     ids = np.arange(hvd.rank() * per, (hvd.rank() + 1) * per)
@@ -97,7 +97,7 @@ def fit_job(data, epochs: int, **knobs) -> dict:
     """``hvdrunner.keras.fit`` on the prepared rows, the same model, batch and optimizer."""
     from hvdrunner.keras import compat, fit
 
-    keras = compat.tf_keras()
+    keras = compat.keras_module()
     marks: list[float] = []
     fit(
         lambda: _model(keras), data, epochs=epochs, batch_size=BATCH, optimizer="sgd",
@@ -127,7 +127,7 @@ def alone(data) -> dict:
             for _ in range(2 * steps):
                 next(it)
             feed_ms[name] = round(1000 * (time.perf_counter() - t) / (2 * steps), 2)
-    grads = [tf.ones_like(v) for v in _model(compat.tf_keras()).trainable_variables]
+    grads = [tf.ones_like(v) for v in _model(compat.keras_module()).trainable_variables]
     for _ in range(3):
         hvd.grouped_allreduce(grads, op=hvd.Average)
     t = time.perf_counter()

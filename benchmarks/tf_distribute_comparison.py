@@ -80,7 +80,7 @@ def hvdrunner_fit(data, epochs: int) -> dict:
     started = time.time()
     from hvdrunner.keras import compat, fit
 
-    keras = compat.tf_keras()
+    keras = compat.keras_module()
     marks: list[float] = []
     weights: list = []
 
@@ -99,7 +99,7 @@ def hvd_keras_recipe(path: str, epochs: int) -> dict:
     import hvdrunner.hvd_keras as hvd
     from hvdrunner.keras import compat
 
-    keras = compat.tf_keras()
+    keras = compat.keras_module()
     hvd.init()
     x, y = _rows(path)
     per = len(x) // hvd.size()  # equal shards: no rank waits for one that ran out
@@ -124,7 +124,7 @@ def mirrored_strategy(path: str, epochs: int) -> dict:
 
     from hvdrunner.keras import compat
 
-    keras = compat.tf_keras()
+    keras = compat.keras_module()
     x, y = _rows(path)
     steps = len(x) // (BATCH * PROCS)
     options = tf.data.Options()

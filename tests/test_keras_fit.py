@@ -346,7 +346,7 @@ def early_stopping(validation, **kwargs):
 
     local: list[float] = []  # this rank's own val_loss on its share, each epoch
 
-    class LocalValidation(compat.tf_keras().callbacks.Callback):
+    class LocalValidation(compat.keras_module().callbacks.Callback):
         def on_epoch_end(self, epoch, logs=None):
             batch = min(kwargs["batch_size"], validation.rows_per_rank())
             with validation.tf_dataset(batch, shuffle=False) as ds:
@@ -450,7 +450,7 @@ def test_the_callback_names_are_the_classes_module_s_and_real_keras_callbacks():
     for name in callbacks.NAMES:
         cls = getattr(callbacks, name)
         assert cls is getattr(_callback_classes, name) and cls.__name__ == name
-        assert issubclass(cls, compat.tf_keras().callbacks.Callback)
+        assert issubclass(cls, compat.keras_module().callbacks.Callback)
 
 
 def fit_recording_lr(callbacks_before=(), **kwargs):
@@ -460,7 +460,7 @@ def fit_recording_lr(callbacks_before=(), **kwargs):
 
     seen: list[float] = []
 
-    class Record(compat.tf_keras().callbacks.Callback):
+    class Record(compat.keras_module().callbacks.Callback):
         def on_train_batch_begin(self, batch, logs=None):  # after fit's warmup set it
             seen.append(float(np.asarray(self.model.optimizer.learning_rate)))
 

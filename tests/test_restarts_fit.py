@@ -171,7 +171,7 @@ def keras_fit_with_fault(fault: str | None, **kwargs: Any) -> Any:
     from hvdrunner.distributed import attempt, rank
     from hvdrunner.keras import compat, fit
 
-    base: type = compat.tf_keras().callbacks.Callback
+    base: type = compat.keras_module().callbacks.Callback
     final: list[Any] = []
 
     class Fault(base):  # type: ignore[misc,valid-type]

@@ -4,7 +4,9 @@ A leaf: no TensorFlow, PyTorch, Horovod or hvdrunner import, so the launcher, th
 point, ``doctor`` and the benchmarks can decide before anything heavy loads.
 
 - Keras 2: TensorFlow <= 2.15, or TensorFlow >= 2.16 with ``TF_USE_LEGACY_KERAS=1`` and
-  ``tf_keras`` installed ("tf_keras mode"). Keras 3: TensorFlow >= 2.16 by default.
+  ``tf_keras`` installed ("tf_keras mode"). Keras 3: TensorFlow >= 2.16 by default, or
+  ``keras`` 3 without TensorFlow (its PyTorch backend).
+- Keras 3's backend: :func:`keras_backend`, read as Keras reads it at import.
 
 Example:
     >>> mode() in ("keras2", "tf_keras", "keras3", "none")
@@ -14,9 +16,11 @@ Example:
 from __future__ import annotations
 
 import importlib.metadata as md
+import json
 import os
 
 LEGACY_ENV = "TF_USE_LEGACY_KERAS"
+BACKEND_ENV = "KERAS_BACKEND"
 
 
 def version(dist: str) -> str | None:
@@ -44,7 +48,8 @@ def legacy_requested() -> bool:
 
 
 def generation() -> int | None:
-    """2 or 3: the Keras generation ``tf.keras`` resolves to; ``None`` without TensorFlow.
+    """2 or 3: the Keras generation ``tf.keras`` (or, without TensorFlow, ``keras``) resolves
+    to; ``None`` with neither TensorFlow nor Keras 3.
 
     Example:
         >>> generation() in (2, 3, None)
@@ -52,7 +57,8 @@ def generation() -> int | None:
     """
     tf = tensorflow()
     if tf is None:
-        return None
+        keras = version("keras")
+        return 3 if keras is not None and major_minor(keras) >= (3, 0) else None
     if major_minor(tf) < (2, 16):
         return 2
     if legacy_requested() and version("tf_keras") is not None:
@@ -61,11 +67,48 @@ def generation() -> int | None:
 
 
 def mode() -> str:
-    """``"keras2"`` (TF <= 2.15), ``"tf_keras"`` (legacy mode on TF >= 2.16), ``"keras3"``,
-    or ``"none"`` (no TensorFlow installed)."""
+    """``"keras2"`` (TF <= 2.15), ``"tf_keras"`` (legacy mode on TF >= 2.16), ``"keras3"``
+    (on any backend), or ``"none"`` (neither TensorFlow nor Keras 3 installed)."""
+    if generation() == 3:
+        return "keras3"
     tf = tensorflow()
     if tf is None:
         return "none"
-    if generation() == 3:
-        return "keras3"
     return "tf_keras" if major_minor(tf) >= (2, 16) else "keras2"
+
+
+def keras_backend(env: dict[str, str] | None = None) -> str:
+    """The backend Keras 3 will load: ``KERAS_BACKEND``, else ``keras.json``'s ``backend``
+    (in ``$KERAS_HOME`` or ``~/.keras``), else ``"tensorflow"`` - Keras' own order, read
+    without importing Keras (which would load the backend). Keras 2 is always
+    ``"tensorflow"``. Inside a rank, :func:`hvdrunner.keras.backend.name` asks Keras itself.
+
+    Example:
+        >>> keras_backend({"KERAS_BACKEND": "torch"})
+        'torch'
+    """
+    env = dict(os.environ if env is None else env)
+    if generation() == 2:
+        return "tensorflow"
+    chosen = env.get(BACKEND_ENV, "").strip()
+    if chosen:
+        return chosen.lower()
+    home = env.get("KERAS_HOME") or os.path.join(os.path.expanduser("~"), ".keras")
+    try:
+        with open(os.path.join(home, "keras.json")) as f:
+            return str(json.load(f).get("backend", "tensorflow")).strip().lower()
+    except (OSError, ValueError, AttributeError):
+        return "tensorflow"
+
+
+def framework_env(env: dict[str, str] | None = None) -> dict[str, str]:
+    """The driver's settings that choose a framework (``KERAS_BACKEND``,
+    ``TF_USE_LEGACY_KERAS``), for every rank: a notebook that sets them in ``os.environ``
+    trains its ranks on what it chose, whatever the executors' own environment says.
+
+    Example:
+        >>> framework_env({"KERAS_BACKEND": "torch", "PATH": "/bin"})
+        {'KERAS_BACKEND': 'torch'}
+    """
+    env = os.environ if env is None else env
+    return {name: env[name] for name in (BACKEND_ENV, LEGACY_ENV) if name in env}

@@ -5,14 +5,16 @@ Existing Horovod Keras code changes one line::
     import horovod.tensorflow.keras as hvd      # before
     import hvdrunner.hvd_keras as hvd           # after
 
-Everything is built on ``horovod.tensorflow``'s core ops (``grouped_allreduce``,
-``broadcast_variables``, ``broadcast_object``); nothing here imports Horovod's own Keras
-layer, which trains unsynchronized without an error under Keras 3.
+Everything is built on Horovod's core ops (``grouped_allreduce``, broadcasts,
+``broadcast_object``) of the framework under Keras: ``horovod.tensorflow``, or
+``horovod.torch`` on Keras 3's PyTorch backend (``KERAS_BACKEND=torch``, no TensorFlow
+needed; :mod:`hvdrunner.keras.backend`). Nothing here imports Horovod's own Keras layer,
+which trains unsynchronized without an error under Keras 3.
 
 Example:
     >>> import hvdrunner.hvd_keras as hvd  # doctest: +SKIP
     >>> hvd.init()
-    >>> opt = hvd.DistributedOptimizer(tf.keras.optimizers.Adam(1e-3 * hvd.size()))
+    >>> opt = hvd.DistributedOptimizer(keras.optimizers.Adam(1e-3 * hvd.size()))
     >>> model.compile(optimizer=opt, loss="mse")
     >>> model.fit(x, y, callbacks=[hvd.callbacks.BroadcastGlobalVariablesCallback(0),
     ...                            hvd.callbacks.MetricAverageCallback()])
@@ -23,31 +25,23 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from horovod.tensorflow import (
-    Average,
-    Sum,
-    allgather_object,
-    broadcast_object,
-    cross_rank,
-    cross_size,
-    gloo_built,
-    gloo_enabled,
-    is_initialized,
-    local_rank,
-    local_size,
-    mpi_built,
-    mpi_enabled,
-    nccl_built,
-    rank,
-    shutdown,
-    size,
-)
-from horovod.tensorflow.compression import Compression
-from horovod.tensorflow.mpi_ops import global_process_set
-
-from hvdrunner.keras import callbacks, compat
+from hvdrunner.keras import backend, callbacks, compat
 from hvdrunner.keras.callbacks import broadcast_variables as _broadcast_variables
 from hvdrunner.keras.optimizer import distribute
+
+# Horovod's names, from the Horovod of Keras' backend (checked here: JAX, or a backend that
+# is not installed, fails at this import with the fix).
+_hvd = backend.horovod()
+Average, Sum, Compression = _hvd.Average, _hvd.Sum, _hvd.Compression
+global_process_set = _hvd.global_process_set
+allgather_object, broadcast_object = _hvd.allgather_object, _hvd.broadcast_object
+cross_rank, cross_size, local_rank, local_size = (
+    _hvd.cross_rank, _hvd.cross_size, _hvd.local_rank, _hvd.local_size
+)  # fmt: skip
+rank, size, shutdown, is_initialized = _hvd.rank, _hvd.size, _hvd.shutdown, _hvd.is_initialized
+gloo_built, gloo_enabled, mpi_built, mpi_enabled, nccl_built = (
+    _hvd.gloo_built, _hvd.gloo_enabled, _hvd.mpi_built, _hvd.mpi_enabled, _hvd.nccl_built
+)  # fmt: skip
 
 __all__ = [
     "Average",
@@ -84,11 +78,9 @@ __all__ = [
 
 
 def init(*args: Any, **kwargs: Any) -> None:
-    """``horovod.tensorflow.init``, after checking Keras can work with Horovod here."""
-    import horovod.tensorflow as hvd
-
+    """Horovod's ``init`` (``horovod.tensorflow``'s or ``horovod.torch``'s, by Keras' backend)."""
     compat.check_backend()
-    hvd.init(*args, **kwargs)
+    _hvd.init(*args, **kwargs)
 
 
 def DistributedOptimizer(  # noqa: N802 - Horovod's name
@@ -122,7 +114,7 @@ def DistributedOptimizer(  # noqa: N802 - Horovod's name
     process set is supported.
 
     Example:
-        >>> opt = DistributedOptimizer(tf.keras.optimizers.SGD(0.01 * size()))  # doctest: +SKIP
+        >>> opt = DistributedOptimizer(keras.optimizers.SGD(0.01 * size()))  # doctest: +SKIP
     """
     if process_set is not global_process_set:
         raise ValueError(
@@ -169,7 +161,7 @@ def PartialDistributedOptimizer(  # noqa: N802 - Horovod's name
     own - every trainable weight of theirs is registered with ``register_local_var``.
 
     Example:
-        >>> opt = PartialDistributedOptimizer(tf.keras.optimizers.Adam(),  # doctest: +SKIP
+        >>> opt = PartialDistributedOptimizer(keras.optimizers.Adam(),  # doctest: +SKIP
         ...                                   local_layers=[model.layers[-1]])
     """
     layers = _layers(local_layers)
@@ -189,14 +181,13 @@ def PartialDistributedOptimizer(  # noqa: N802 - Horovod's name
 
 def _layers(local_layers: Any) -> list[Any]:
     """``local_layers`` as a list of Keras layers; ValueError as Horovod's for anything else."""
-    import tensorflow as tf
-
+    layer_type = compat.keras_module().layers.Layer
     if local_layers is None:
         return []
-    if isinstance(local_layers, tf.keras.layers.Layer):
+    if isinstance(local_layers, layer_type):
         return [local_layers]
     layers = list(local_layers)
-    if not all(isinstance(layer, tf.keras.layers.Layer) for layer in layers):
+    if not all(isinstance(layer, layer_type) for layer in layers):
         raise ValueError("All local layers must be of tf.keras.layers.Layer type.")
     return layers
 
@@ -210,28 +201,19 @@ def allreduce(
     value: Any, name: str | None = None, average: bool | None = None, op: Any = None, **_: Any
 ) -> Any:
     """Reduce a value (number, array) over ranks; returns a numpy value. Average by default."""
-    import horovod.tensorflow as hvd
-    import tensorflow as tf
-
     if op is None:
         op = Sum if average is False else Average
-    return hvd.allreduce(tf.constant(value), op=op, name=name).numpy()
+    return backend.allreduce_array(value, name=name, op=op)
 
 
 def broadcast(value: Any, root_rank: int, name: str | None = None) -> Any:
     """``root_rank``'s value (number, array) on every rank, as numpy."""
-    import horovod.tensorflow as hvd
-    import tensorflow as tf
-
-    return hvd.broadcast(tf.constant(value), root_rank, name=name).numpy()
+    return backend.broadcast_array(value, root_rank, name=name)
 
 
 def allgather(value: Any, name: str | None = None) -> Any:
     """Every rank's ``value`` (arrays) concatenated along the first axis, as numpy."""
-    import horovod.tensorflow as hvd
-    import tensorflow as tf
-
-    return hvd.allgather(tf.constant(value), name=name).numpy()
+    return backend.allgather_array(value, name=name)
 
 
 def broadcast_global_variables(root_rank: int) -> None:
@@ -251,7 +233,7 @@ def load_model(
     legacy_opts: bool = False,
 ) -> Any:
     """Load a saved Keras model; its optimizer (if any) averages gradients, as in Horovod."""
-    keras = compat.tf_keras()
+    keras = compat.keras_module()
     objects = dict(custom_objects or {})
     for cls in custom_optimizers or ():
         objects[cls.__name__] = cls

@@ -12,7 +12,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
-from hvdrunner import _noise, tracking
+from hvdrunner import _noise, _versions, tracking
 from hvdrunner._launch import restarts, verdict
 from hvdrunner._logging import get_logger
 from hvdrunner._secrets import secrets_in
@@ -227,7 +227,8 @@ class HorovodRunner:
         key = secret.make_secret_key()
         service = DriverService(
             target.np, key, rendezvous_addr=target.addr, bind=target.bind,
-            extra_env={**track_env, ATTEMPT_ENV: str(number)}, secrets=secrets,
+            extra_env={**_versions.framework_env(), **track_env, ATTEMPT_ENV: str(number)},
+            secrets=secrets,
             resume_commit=carried.commit,
         )  # fmt: skip
         spec = TaskSpec(

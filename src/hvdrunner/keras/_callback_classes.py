@@ -1,7 +1,8 @@
-"""The Keras callback classes, subclassing this process's ``tf.keras.callbacks.Callback``.
+"""The Keras callback classes, subclassing this process's Keras ``callbacks.Callback``.
 
-Importing this module imports TensorFlow (the base class is Keras 2's or Keras 3's), so
-:mod:`hvdrunner.keras.callbacks` imports it on first access to a class name only.
+Importing this module imports Keras and its backend (the base class is Keras 2's or Keras
+3's, ``tf.keras`` or ``keras`` on PyTorch), so :mod:`hvdrunner.keras.callbacks` imports it
+on first access to a class name only.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ import numpy as np
 from hvdrunner import tracking
 from hvdrunner._logging import get_logger, log_to_driver
 from hvdrunner.core.schedule import warmup_multiplier
-from hvdrunner.distributed import is_rank0
+from hvdrunner.distributed import is_rank0, size
 from hvdrunner.keras import compat
 from hvdrunner.keras.collectives import average_metrics, broadcast_model, check_in_sync
 from hvdrunner.keras.optimizer import variable_key
@@ -29,7 +30,7 @@ __all__ = [
     "WeightSyncCheckCallback",
 ]
 
-base: type = compat.tf_keras().callbacks.Callback
+base: type = compat.keras_module().callbacks.Callback
 
 
 def _format(logs: dict[str, Any] | None) -> str:
@@ -149,12 +150,10 @@ class LearningRateWarmupCallback(LearningRateScheduleCallback):
         steps_per_epoch: int | None = None,
         verbose: int = 0,
     ) -> None:
-        import horovod.tensorflow as hvd
-
-        size = hvd.size()
+        ranks = size()
 
         def multiplier(epoch: float) -> float:
-            return warmup_multiplier(epoch, size, warmup_epochs)
+            return warmup_multiplier(epoch, ranks, warmup_epochs)
 
         super().__init__(
             initial_lr, multiplier, 0, warmup_epochs, False, momentum_correction,

@@ -1,7 +1,8 @@
 """The collectives behind hvdrunner's Keras callbacks and ``fit`` (Keras 2 and 3).
 
 Every function here is a collective unless it says otherwise: every rank must call it, in
-the same order. TensorFlow and Horovod are imported on first call.
+the same order. Horovod (``horovod.tensorflow`` or ``horovod.torch``, by Keras' backend:
+:mod:`hvdrunner.keras.backend`) is imported on first call.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ import numpy as np
 
 from hvdrunner.core import metrics
 from hvdrunner.core.sync import check_fingerprints, weight_fingerprint
-from hvdrunner.keras import compat
+from hvdrunner.keras import backend, compat
 from hvdrunner.keras.optimizer import variable_key
 
 SYNC_FIX = (
@@ -25,11 +26,7 @@ SYNC_FIX = (
 
 def broadcast_variables(variables: Sequence[Any], root_rank: int = 0) -> None:
     """Overwrite ``variables`` on every rank with ``root_rank``'s values (Keras 2 or 3)."""
-    import horovod.tensorflow as hvd
-
-    tf_vars = [compat.tf_variable(v) for v in variables]
-    if tf_vars and hvd.size() > 1:
-        hvd.broadcast_variables(tf_vars, root_rank=root_rank)
+    backend.broadcast_variables(variables, root_rank)
 
 
 def broadcast_model(model: Any, root_rank: int = 0, exclude: set[int] | None = None) -> None:
@@ -53,20 +50,16 @@ def average_metrics(logs: dict[str, Any]) -> dict[str, float]:
     :func:`hvdrunner.core.metrics.average`'s. Idempotent, so several averaging callbacks
     are harmless.
     """
-    import horovod.tensorflow as hvd
-    import tensorflow as tf
 
     def allreduce(values: np.ndarray) -> np.ndarray:
-        out = hvd.allreduce(tf.constant(values), op=hvd.Average, name="hvdrunner.metric_average")
-        return np.asarray(out.numpy())
+        return backend.allreduce_array(values, average=True, name="hvdrunner.metric_average")
 
-    return metrics.average(logs, hvd.size(), allreduce)
+    return metrics.average(logs, backend.horovod().size(), allreduce)
 
 
 def check_in_sync(model: Any, rtol: float = 1e-6) -> None:
     """Raise :class:`RanksOutOfSyncError` unless every rank holds rank 0's weights."""
-    import horovod.tensorflow as hvd
-
+    hvd = backend.horovod()
     if hvd.size() == 1:
         return
     mine = weight_fingerprint(model.get_weights())

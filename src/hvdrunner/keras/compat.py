@@ -4,8 +4,8 @@ Two generations are supported:
 
 - **Keras 2**: TensorFlow <= 2.15 (``tf.keras`` is the ``keras`` 2.x package), or TensorFlow
   >= 2.16 with ``TF_USE_LEGACY_KERAS=1`` and ``tf_keras`` installed ("tf_keras mode").
-- **Keras 3**: TensorFlow >= 2.16 by default. Only ``KERAS_BACKEND=tensorflow`` works:
-  Horovod's collectives here are TensorFlow ops.
+- **Keras 3**: TensorFlow >= 2.16 by default, on the TensorFlow or the PyTorch backend
+  (:mod:`hvdrunner.keras.backend`; JAX is refused: Horovod has no JAX collectives).
 
 Horovod's own Keras layer (``horovod.tensorflow.keras``, ``horovod._keras``) trains
 *unsynchronized without an error* under Keras 3. hvdrunner never imports it; inside a rank,
@@ -18,7 +18,6 @@ re-exported here.
 
 from __future__ import annotations
 
-import os
 from collections.abc import Sequence
 from types import ModuleType
 from typing import Any
@@ -30,6 +29,7 @@ from hvdrunner._import_guard import (
     install_import_guard,
 )
 from hvdrunner._versions import LEGACY_ENV, generation, legacy_requested
+from hvdrunner.keras import backend
 
 __all__ = [
     "HOROVOD_KERAS_MODULES",
@@ -42,11 +42,10 @@ __all__ = [
     "is_keras3",
     "keras_version",
     "legacy_requested",
+    "keras_module",
     "mode",
     "optimizer_variables",
     "set_learning_rate",
-    "tf_keras",
-    "tf_variable",
 ]
 
 
@@ -57,23 +56,13 @@ def mode() -> str:
 
 
 def check_backend() -> None:
-    """Refuse a Keras 3 backend other than TensorFlow (Horovod's ops here are TF ops)."""
-    backend = os.environ.get("KERAS_BACKEND", "tensorflow").strip().lower()
-    if generation() == 3 and backend not in ("", "tensorflow"):
-        raise RuntimeError(
-            f"KERAS_BACKEND={backend!r}: hvdrunner trains with Horovod's TensorFlow ops, so "
-            f"Keras 3 must use the TensorFlow backend. Unset KERAS_BACKEND or set it to "
-            f"'tensorflow' (in the notebook, before HorovodRunner.run)."
-        )
+    """Refuse a Keras backend hvdrunner cannot train on (JAX, or one not installed), with the fix."""
+    backend.check()
 
 
-def tf_keras() -> ModuleType:
-    """``tf.keras`` (Keras 2 or 3), after checking the backend."""
-    check_backend()
-    import tensorflow as tf
-
-    keras: ModuleType = tf.keras
-    return keras
+def keras_module() -> ModuleType:
+    """The Keras that trains here (``tf.keras``, or ``keras`` on PyTorch), backend checked."""
+    return backend.keras_module()
 
 
 def is_keras3() -> bool:
@@ -82,20 +71,8 @@ def is_keras3() -> bool:
 
 
 def keras_version() -> str:
-    """The version of the Keras that ``tf.keras`` is (``tf.keras`` itself may not say)."""
+    """The version of the Keras that trains (``tf.keras`` itself may not say)."""
     return _versions.version("tf_keras" if mode() == "tf_keras" else "keras") or "unknown"
-
-
-def tf_variable(var: Any) -> Any:
-    """The ``tf.Variable`` behind a Keras variable (Keras 3 wraps it in ``.value``)."""
-    import tensorflow as tf
-
-    if isinstance(var, tf.Variable):
-        return var
-    inner = getattr(var, "value", None)
-    if isinstance(inner, tf.Variable):
-        return inner
-    raise TypeError(f"not a TensorFlow-backed variable: {type(var).__name__} {var!r}")
 
 
 def optimizer_variables(optimizer: Any) -> list[Any]:

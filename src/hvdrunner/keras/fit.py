@@ -10,14 +10,16 @@ import contextlib
 from collections.abc import Callable
 from typing import Any
 
+import numpy as np
+
 from hvdrunner.core import recipe, schedule
 from hvdrunner.core.settings import fit_signature, horovod_env
 from hvdrunner.distributed import is_rank0
+from hvdrunner.keras import backend, compat
 from hvdrunner.keras import callbacks as hk_callbacks
-from hvdrunner.keras import compat
 from hvdrunner.keras.checkpoint import CheckpointStore
 from hvdrunner.keras.config import INPUTS, FitConfig, FitResult, make_config
-from hvdrunner.keras.inputs import is_petastorm_converter, training_input
+from hvdrunner.keras.inputs import is_petastorm_converter, prepared_input, training_input
 from hvdrunner.keras.models import log_model
 from hvdrunner.keras.optimizer import distribute
 from hvdrunner.petastorm.spark import SparkDatasetConverter
@@ -49,8 +51,9 @@ def fit(
     ``batch_size``, ``loss`` required) or a whole ``config=FitConfig(...)`` (keywords then
     override it).
 
-    Works on Keras 2 (TF 2.15, or ``tf_keras`` with ``TF_USE_LEGACY_KERAS=1``) and Keras 3,
-    with hvdrunner's own Horovod layer (never ``horovod.tensorflow.keras``). In this order:
+    Works on Keras 2 (TF 2.15, or ``tf_keras`` with ``TF_USE_LEGACY_KERAS=1``) and Keras 3
+    on TensorFlow or PyTorch (``KERAS_BACKEND=torch``, no TensorFlow needed), with
+    hvdrunner's own Horovod layer (never ``horovod.tensorflow.keras``). In this order:
     ``hvd.init()``; pin this rank's GPU (memory growth on); build the model (``TypeError``
     if it is not Keras); scale ``learning_rate`` by the number of ranks, with a linear
     warmup over ``warmup_epochs``; make the optimizer average gradients over ranks; restore
@@ -124,7 +127,8 @@ class _Keras:
         )  # fmt: skip
 
     def params(self, cfg: FitConfig) -> dict[str, Any]:
-        return {"keras": f"{compat.mode()} {compat.keras_version()}"}
+        return {"keras": f"{compat.mode()} {compat.keras_version()}",
+                "keras_backend": backend.name()}  # fmt: skip
 
     def train(
         self, built: recipe.Built, cfg: FitConfig, feed: Any, validation: Any, steps: int,
@@ -139,22 +143,28 @@ class _Keras:
 
 def _init_horovod(cfg: FitConfig) -> Any:
     """``hvd.init()`` with this job's fusion/cycle settings; this rank's GPU; the seed."""
-    import horovod.tensorflow as hvd
-    import tensorflow as tf
-
+    hvd = backend.horovod()
     horovod_env(cfg, hvd.is_initialized())
     hvd.init()
-    gpus = tf.config.list_physical_devices("GPU")
-    for gpu in gpus:
-        tf.config.experimental.set_memory_growth(gpu, True)
-    if gpus:
-        tf.config.set_visible_devices(gpus[hvd.local_rank() % len(gpus)], "GPU")
-    compat.tf_keras().utils.set_random_seed(cfg.seed)
+    if backend.is_torch():
+        import torch
+
+        if torch.cuda.is_available():  # Keras' torch backend places tensors on "cuda"
+            torch.cuda.set_device(hvd.local_rank() % torch.cuda.device_count())
+    else:
+        import tensorflow as tf
+
+        gpus = tf.config.list_physical_devices("GPU")
+        for gpu in gpus:
+            tf.config.experimental.set_memory_growth(gpu, True)
+        if gpus:
+            tf.config.set_visible_devices(gpus[hvd.local_rank() % len(gpus)], "GPU")
+    compat.keras_module().utils.set_random_seed(cfg.seed)
     return hvd
 
 
 def _make_optimizer(spec: str | Callable[[float], Any], lr: float) -> Any:
-    keras = compat.tf_keras()
+    keras = compat.keras_module()
     if callable(spec):
         return spec(lr)
     return {
@@ -168,7 +178,7 @@ def _make_optimizer(spec: str | Callable[[float], Any], lr: float) -> Any:
 def _build(build_model: Callable[[], Any], cfg: FitConfig, size: int) -> tuple[Any, Any, float]:
     """The compiled model, its gradient-averaging optimizer (state built), the scaled LR."""
     model = build_model()
-    if not isinstance(model, compat.tf_keras().Model):
+    if not isinstance(model, compat.keras_module().Model):
         raise TypeError(
             NOT_KERAS.format(kind=f"{type(model).__module__}.{type(model).__qualname__}")
         )
@@ -179,7 +189,7 @@ def _build(build_model: Callable[[], Any], cfg: FitConfig, size: int) -> tuple[A
         backward_passes_per_step=cfg.backward_passes_per_step,
     )
     # jit_compile=False: XLA has no kernel for Horovod's allreduce (Keras 3 turns XLA on
-    # by itself on GPUs).
+    # by itself on GPUs), nor has torch.compile a graph for it.
     model.compile(optimizer=opt, loss=cfg.loss, metrics=list(cfg.metrics), jit_compile=False)
     compat.build_optimizer(opt, model.trainable_variables)  # state exists before restore
     return model, opt, lr
@@ -208,17 +218,15 @@ def _train(
     initial_epoch: int, cbs: list[Any],
 ) -> tuple[dict[str, list[Any]], Any]:  # fmt: skip
     """Keras' fit on this rank's shard (progress on rank 0 only); the history, one batch."""
-    val_batch = min(cfg.batch_size, validation.rows_per_rank()) if validation else None
-    val_steps = validation.steps_per_epoch(val_batch) if validation else None
+    val_ds, val_steps = None, None
     with contextlib.ExitStack() as stack:
         ds = stack.enter_context(train_input)
-        val_ds = (
-            stack.enter_context(
-                validation.tf_dataset(val_batch, shuffle=False, in_memory=cfg.in_memory)
+        if validation is not None:
+            val_batch = min(cfg.batch_size, validation.rows_per_rank())
+            val_steps = validation.steps_per_epoch(val_batch)
+            val_ds = stack.enter_context(
+                prepared_input(validation, val_batch, shuffle=False, in_memory=cfg.in_memory)
             )
-            if validation is not None
-            else None
-        )
         history = model.fit(  # shuffle=False: the input shuffles itself (Keras would warn)
             ds, steps_per_epoch=steps, epochs=cfg.epochs, initial_epoch=initial_epoch,
             validation_data=val_ds, validation_steps=val_steps, shuffle=False,
@@ -230,11 +238,16 @@ def _train(
 
 def _log_model(model: Any, cfg: FitConfig, example: Any) -> str | None:
     """The model with a signature from a few training rows, into the run (rank 0)."""
-    import tensorflow as tf
-
     features = example[0] if isinstance(example, tuple) else example
-    sample = tf.nest.map_structure(lambda t: t.numpy()[:5], features)
-    return log_model(model, sample, registered_name=cfg.registered_model_name)
+    return log_model(model, _head(features), registered_name=cfg.registered_model_name)
+
+
+def _head(structure: Any, rows: int = 5) -> Any:
+    """The first ``rows`` rows of a batch (a tensor, an array or a dict of them), as numpy."""
+    if isinstance(structure, dict):
+        return {k: _head(v, rows) for k, v in structure.items()}
+    value = structure.numpy() if hasattr(structure, "numpy") else structure
+    return np.asarray(value)[:rows]
 
 
 def _preflight(**kwargs: Any) -> None:
@@ -272,7 +285,7 @@ fit.hvdrunner_preflight = _preflight  # type: ignore[attr-defined]
 def _checkpoint_callback(store: Any, optimizer: Any, every: int, epochs: int, ledger: Any) -> Any:
     """Rank 0 saves every ``every`` epochs and after the last one, with the epochs' metrics
     not logged yet; once saved, they are logged."""
-    base: type = compat.tf_keras().callbacks.Callback
+    base: type = compat.keras_module().callbacks.Callback
 
     class CheckpointCallback(base):
         def on_epoch_end(self, epoch: int, logs: dict[str, Any] | None = None) -> None:

@@ -1,11 +1,14 @@
-"""A trained Keras model into the job's MLflow run (rank 0) with ``mlflow.tensorflow``: with
-its signature, loadable where neither horovod nor hvdrunner is installed."""
+"""A trained Keras model into the job's MLflow run (rank 0): with ``mlflow.tensorflow`` on
+TensorFlow, ``mlflow.keras`` (Keras 3's ``.keras`` file) on the PyTorch backend; with its
+signature, loadable where neither horovod nor hvdrunner is installed."""
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 from hvdrunner import _versions
+from hvdrunner.keras import backend
 from hvdrunner.tracking.models import log_saved
 from hvdrunner.tracking.runs import rank0_client
 
@@ -43,6 +46,12 @@ def log_model(
         from mlflow.models import infer_signature
 
         signature = infer_signature(input_example, model.predict(input_example, verbose=0))
+        if backend.is_torch():  # a .keras file: loads on any Keras 3 backend
+            import mlflow.keras
+
+            os.makedirs(path)  # mlflow.keras writes the example before it makes the folder
+            mlflow.keras.save_model(model, path, signature=signature, input_example=input_example)
+            return
         mlflow.tensorflow.save_model(
             model, path, signature=signature, input_example=input_example,
             keras_model_kwargs=_save_kwargs(_versions.mode()),

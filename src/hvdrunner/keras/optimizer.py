@@ -1,9 +1,11 @@
 """Gradient averaging over ranks for any Keras optimizer, Keras 2 and Keras 3 alike.
 
-Built on ``horovod.tensorflow``'s core op ``grouped_allreduce`` only. The optimizer keeps its
-class, config and state: its class is swapped for a subclass of itself whose gradient entry
-point (``apply`` on Keras 3, ``apply_gradients`` on Keras 2) averages the gradients over
-ranks first. Keras 3 routes ``apply_gradients`` through ``apply``, so each step reduces once.
+Built on Horovod's core op ``grouped_allreduce`` only (``horovod.tensorflow``'s, or
+``horovod.torch``'s on Keras 3's PyTorch backend: :mod:`hvdrunner.keras.backend`). The
+optimizer keeps its class, config and state: its class is swapped for a subclass of itself
+whose gradient entry point (``apply`` on Keras 3, ``apply_gradients`` on Keras 2) averages
+the gradients over ranks first. Keras 3 routes ``apply_gradients`` through ``apply``, so
+each step reduces once.
 """
 
 from __future__ import annotations
@@ -11,28 +13,14 @@ from __future__ import annotations
 from typing import Any
 
 from hvdrunner.core.settings import check_passes
-from hvdrunner.keras import compat
+from hvdrunner.keras import backend, compat
 
 _MARK = "_hvdrunner_distributed"
 
 
-def _compression(name: str | Any) -> Any:
-    from horovod.tensorflow.compression import Compression
-
-    if name is None or name == "none":
-        return Compression.none
-    if name == "fp16":
-        return Compression.fp16
-    if name in (Compression.none, Compression.fp16):
-        return name
-    raise ValueError(
-        f"compression must be 'none' or 'fp16' (or horovod's Compression.none/fp16), got {name!r}"
-    )
-
-
 def variable_key(var: Any) -> int:
-    """Identity of a variable across Keras generations (Keras 3 wraps a ``tf.Variable``)."""
-    return id(compat.tf_variable(var))
+    """Identity of a variable across Keras generations (Keras 3 wraps a framework tensor)."""
+    return id(backend.tensor_of(var))
 
 
 def allreduce_gradients(
@@ -46,9 +34,7 @@ def allreduce_gradients(
     ``i`` this rank's own (a variable registered with ``register_local_var``), divided by
     the number of ranks when ``scale_local`` (Horovod's ``scale_local_gradients=True``).
     """
-    import horovod.tensorflow as hvd
-    import tensorflow as tf
-
+    hvd = backend.horovod()
     if hvd.size() == 1:
         return list(grads)
     keep = local or [False] * len(grads)
@@ -60,21 +46,26 @@ def allreduce_gradients(
                 out[i] = _scaled(g, 1.0 / hvd.size())
     if not present:
         return out
-    dense = []
-    for i in present:
-        g = grads[i]
-        if isinstance(g, tf.IndexedSlices):
-            # A grouped allreduce needs dense tensors (Horovod itself would allgather the
-            # slices, which costs more for all but the sparsest updates).
-            g = tf.convert_to_tensor(g)
-        dense.append(g)
+    dense = [_dense(grads[i]) for i in present]
     reduced = hvd.grouped_allreduce(dense, op=hvd.Average, compression=compression)
     for i, r in zip(present, reduced, strict=True):
         out[i] = r
     return out
 
 
+def _dense(grad: Any) -> Any:
+    """A grouped allreduce needs dense tensors (Horovod itself would allgather the slices of
+    an embedding's ``IndexedSlices``, which costs more for all but the sparsest updates)."""
+    if backend.is_torch():
+        return grad  # Keras' torch trainer hands dense .grad tensors
+    import tensorflow as tf
+
+    return tf.convert_to_tensor(grad) if isinstance(grad, tf.IndexedSlices) else grad
+
+
 def _scaled(grad: Any, factor: float) -> Any:
+    if backend.is_torch():
+        return grad * factor
     import tensorflow as tf
 
     if isinstance(grad, tf.IndexedSlices):
@@ -120,13 +111,16 @@ def _reduce_and_apply(
     optimizer's ``iterations`` (as Horovod and Keras' own ``gradient_accumulation_steps``
     do): schedules and warmup keep counting batches.
     """
-    import tensorflow as tf
 
     passes = opt._hvdrunner_passes
     local = _local_mask(opt, variables)
     scale = opt.__dict__.get("_hvdrunner_scale_local", True)
     if passes == 1:
         return apply(allreduce_gradients(grads, opt._hvdrunner_compression, local, scale))
+    if backend.is_torch():
+        return _accumulate_eagerly(opt, grads, apply, local, scale)
+    import tensorflow as tf
+
     counter, accs = _accumulators(opt, grads)
     updates = [
         acc.assign_add(tf.convert_to_tensor(g))
@@ -154,6 +148,29 @@ def _reduce_and_apply(
             return tf.constant(False)
 
     return tf.cond(tf.equal(count % passes, 0), exchange_and_apply, accumulate_only)
+
+
+def _accumulate_eagerly(
+    opt: Any, grads: list[Any], apply: Any, local: list[bool] | None, scale: bool
+) -> Any:
+    """:func:`_reduce_and_apply`'s accumulation on Keras' PyTorch backend (eager: a Python
+    branch, the same on every rank). The sums live in ``__dict__``, not optimizer state."""
+    state = opt.__dict__.setdefault("_hvdrunner_eager_acc", {"count": 0, "sums": None})
+    if state["sums"] is None:
+        state["sums"] = [None if g is None else g.detach().clone() for g in grads]
+    else:
+        for acc, g in zip(state["sums"], grads, strict=True):
+            if acc is not None and g is not None:
+                acc.add_(g.detach())
+    state["count"] += 1
+    passes = opt._hvdrunner_passes
+    if state["count"] % passes:
+        opt.iterations.assign_add(1)
+        return opt.iterations
+    factor = 1.0 / passes if opt._hvdrunner_average_passes else 1.0
+    summed = [None if acc is None else acc * factor for acc in state["sums"]]
+    state["sums"] = None
+    return apply(allreduce_gradients(summed, opt._hvdrunner_compression, local, scale))
 
 
 def _subclass(base: type, keras3: bool) -> type:
@@ -218,7 +235,7 @@ def distribute(
             (``register_local_var``) by the number of ranks, as Horovod does by default.
 
     Example:
-        >>> opt = distribute(tf.keras.optimizers.Adam(1e-3))  # doctest: +SKIP
+        >>> opt = distribute(keras.optimizers.Adam(1e-3))  # doctest: +SKIP
     """
     if getattr(type(optimizer), _MARK, False):
         return optimizer
@@ -226,7 +243,7 @@ def distribute(
     keras3 = compat.is_keras3()
     if not hasattr(optimizer, "apply" if keras3 else "apply_gradients"):
         raise TypeError(
-            f"DistributedOptimizer needs a Keras optimizer instance (tf.keras.optimizers.*), "
+            f"DistributedOptimizer needs a Keras optimizer instance (keras.optimizers.*), "
             f"got {type(optimizer).__module__}.{type(optimizer).__qualname__}"
         )
     check_passes(backward_passes_per_step)
@@ -236,7 +253,7 @@ def distribute(
             "after the allreduce, so every batch would still be exchanged. Drop it and pass "
             "backward_passes_per_step instead."
         )
-    optimizer._hvdrunner_compression = _compression(compression)
+    optimizer._hvdrunner_compression = backend.compression(compression)
     optimizer._hvdrunner_passes = backward_passes_per_step
     optimizer._hvdrunner_average_passes = bool(average_aggregated_gradients)
     optimizer._hvdrunner_scale_local = bool(scale_local_gradients)
