@@ -20,6 +20,18 @@ os.environ["PYSPARK_DRIVER_PYTHON"] = sys.executable
 WORKER_MODULE = "hvdrunner._launch.worker"
 
 
+def _keras_on_torch() -> bool:
+    """Keras 3 and torch without TensorFlow: Keras runs on PyTorch here, as a notebook on a
+    runtime without TensorFlow would set it (the runner passes it on to the ranks)."""
+    import importlib.metadata as md
+
+    try:
+        keras3 = md.version("keras").startswith("3.")
+    except md.PackageNotFoundError:
+        return False
+    return keras3 and _installed("torch") and not _installed("tensorflow")
+
+
 def _installed(dist: str) -> bool:
     import importlib.metadata as md
 
@@ -36,7 +48,10 @@ def _installed(dist: str) -> bool:
 #: - ``keras``-marked (Keras and TensorFlow behaviour): every TensorFlow stack (lts: Keras 2,
 #:   modern: Keras 3); those also marked ``keras_mode`` (a code path that differs by Keras
 #:   mode: Horovod's Keras layer and the guard, model saving, checkpoint files, the
-#:   optimizer wrapper) again in tf_keras mode (`make test-tf-keras`);
+#:   optimizer wrapper) again in tf_keras mode (`make test-tf-keras`); those also marked
+#:   ``keras_torch`` (a path that differs by Keras backend: the collectives, the optimizer
+#:   wrapper, fit's feed, checkpoints, the logged model) on the torch stack too, where Keras
+#:   3 runs on PyTorch without TensorFlow (KERAS_BACKEND=torch, set below);
 #: - ``stacks("torch", "gpu")`` on a ``torch`` test: also on the gpu stack, whose horovod is
 #:   the CUDA + NCCL build - its CPU paths must give what the CPU build gives;
 #: - ``stacks("lts", ...)``: the stacks named - a test about what differs between them
@@ -46,6 +61,10 @@ def _installed(dist: str) -> bool:
 #:   it runs once, on HOME_STACK, the default stack.
 #: The stack is the Makefile's ``STACK``; without it (a bare ``pytest``) or with
 #: ``HVDRUNNER_TESTS=all`` (``make test-all``) every test the installed frameworks allow runs.
+KERAS_ON_TORCH = _keras_on_torch()
+if KERAS_ON_TORCH:
+    os.environ.setdefault("KERAS_BACKEND", "torch")
+
 HOME_STACK = "modern"
 STACKS = ("lts", "modern", "torch", "gpu")
 TF_STACKS = ("lts", "modern")
@@ -70,7 +89,8 @@ def stacks_of(item: pytest.Item) -> tuple[str, ...]:
     if item.get_closest_marker("torch") is not None:
         return ("torch",)
     if item.get_closest_marker("keras") is not None:
-        return TF_STACKS
+        on_torch = item.get_closest_marker("keras_torch") is not None
+        return (*TF_STACKS, "torch") if on_torch else TF_STACKS
     return (HOME_STACK,)
 
 
@@ -83,11 +103,18 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     framework that is installed but broken is selected and so fails - it never skips.
     """
     has_tf, has_torch = _installed("tensorflow"), _installed("torch")
+    keras_on_torch = KERAS_ON_TORCH
     stack = selected_stack()
     keep, drop = [], []
     for item in items:
         is_torch = item.get_closest_marker("torch") is not None
-        runs = (has_torch if is_torch else has_tf) and (stack is None or stack in stacks_of(item))
+        if is_torch:
+            framework = has_torch
+        elif item.get_closest_marker("keras_torch") is not None:
+            framework = has_tf or keras_on_torch
+        else:
+            framework = has_tf
+        runs = framework and (stack is None or stack in stacks_of(item))
         (keep if runs else drop).append(item)
     if drop:
         config.hook.pytest_deselected(items=drop)

@@ -113,6 +113,21 @@ def test_the_torch_stack_needs_the_torch_extension_not_tensorflow():
     assert [c.name for c in none] == ["tensorflow"] and "STACK=torch" in none[0].fix
 
 
+def test_keras_3_without_tensorflow_needs_the_torch_backend():
+    keras_on_torch = GOOD_TORCH_STACK | {"keras": "3.15.1"}
+    good = evaluate_stack(keras_on_torch, env={"KERAS_BACKEND": "torch"})
+    assert not _failed(good)
+    assert "backend torch" in next(c for c in good if c.name == "Keras generation").detail
+    for env in ({}, {"KERAS_BACKEND": "jax"}):  # Keras' default (tensorflow) is not installed
+        failed = _failed(evaluate_stack(keras_on_torch, env=env))
+        assert [c.name for c in failed] == ["Keras generation"]
+        assert "KERAS_BACKEND=torch" in failed[0].fix
+    # Beside TensorFlow, PyTorch is a backend too.
+    assert not _failed(
+        evaluate_stack(GOOD_MODERN | {"torch": "2.13.0"}, env={"KERAS_BACKEND": "torch"})
+    )
+
+
 def test_horovod_without_gloo_or_missing_fails():
     assert [c.name for c in _failed(evaluate_build(GOOD_BUILD | {"gloo": False}))] == [
         "horovod built with gloo"

@@ -7,6 +7,9 @@
   np=1 x batch 2b (plain SGD, no shuffle) to 1e-5.
 - No silent divergence: under Keras 3 `import horovod.tensorflow.keras` in a rank fails fast
   naming the fix; the weight-sync check fails a job whose ranks drifted apart.
+- The tests marked ``keras_torch`` run again on the torch stack, where Keras 3 trains on
+  PyTorch (``horovod.torch``) and TensorFlow is not installed: the same recipes, asserts and
+  tolerances. Their rank code reaches the framework through ``hvdrunner.keras.backend``.
 """
 
 from __future__ import annotations
@@ -18,7 +21,7 @@ import numpy as np
 import pytest
 
 from hvdrunner import HorovodRunner, HorovodRunnerError
-from hvdrunner.keras import compat
+from hvdrunner.keras import backend, compat
 
 # Mode-specific (Horovod's Keras layer and the guard / model saving / checkpoint files):
 # also in tf_keras mode (make test-tf-keras).
@@ -32,23 +35,24 @@ RECIPE_MODULE = "hvdrunner.hvd_keras" if MODE == "keras3" else "horovod.tensorfl
 def keras_recipe(hvd_module: str, distributed: bool) -> dict:
     """The standard Horovod Keras recipe (hvd.init, pin GPU, scale LR, DistributedOptimizer,
     BroadcastGlobalVariablesCallback(0), MetricAverageCallback()); every rank's weights."""
-    import horovod.tensorflow as hvd_tf
-    import tensorflow as tf
-
     hvd = importlib.import_module(hvd_module)
     hvd.init()
-    gpus = tf.config.list_physical_devices("GPU")
-    for gpu in gpus:
-        tf.config.experimental.set_memory_growth(gpu, True)
-    if gpus:
-        tf.config.set_visible_devices(gpus[hvd.local_rank()], "GPU")
+    hvd_core, keras = backend.horovod(), compat.keras_module()
+    if not backend.is_torch():
+        import tensorflow as tf
+
+        gpus = tf.config.list_physical_devices("GPU")
+        for gpu in gpus:
+            tf.config.experimental.set_memory_growth(gpu, True)
+        if gpus:
+            tf.config.set_visible_devices(gpus[hvd.local_rank()], "GPU")
     rng = np.random.default_rng(100 + hvd.rank())  # each rank its own data
     x = rng.normal(size=(256, 4)).astype("float32")
     y = (x @ np.array([1.0, -2.0, 3.0, 0.5]) + hvd.rank()).astype("float32")
-    tf.keras.utils.set_random_seed(1 + hvd.rank())  # different init: the broadcast must fix it
-    model = tf.keras.Sequential([tf.keras.Input(shape=(4,)), tf.keras.layers.Dense(1)])
-    root_initial = hvd_tf.broadcast_object([w.tolist() for w in model.get_weights()], 0)
-    opt = tf.keras.optimizers.SGD(0.01 * hvd.size())
+    keras.utils.set_random_seed(1 + hvd.rank())  # different init: the broadcast must fix it
+    model = keras.Sequential([keras.Input(shape=(4,)), keras.layers.Dense(1)])
+    root_initial = hvd_core.broadcast_object([w.tolist() for w in model.get_weights()], 0)
+    opt = keras.optimizers.SGD(0.01 * hvd.size())
     if distributed:
         opt = hvd.DistributedOptimizer(opt)
     model.compile(optimizer=opt, loss="mse")
@@ -64,12 +68,14 @@ def keras_recipe(hvd_module: str, distributed: bool) -> dict:
         verbose=0,
     )
     return {
-        "weights": hvd_tf.allgather_object([w.tolist() for w in model.get_weights()]),
+        "weights": hvd_core.allgather_object([w.tolist() for w in model.get_weights()]),
         "initial": root_initial,
         "keras": compat.keras_version(),
+        "backend": backend.name(),
     }
 
 
+@pytest.mark.keras_torch
 @pytest.mark.parametrize("np_", [2, -2], ids=["spark-barrier", "driver-processes"])
 def test_standard_recipe_keeps_ranks_in_sync(spark, np_):
     out = HorovodRunner(np=np_).run(keras_recipe, hvd_module=RECIPE_MODULE, distributed=True)
@@ -79,8 +85,10 @@ def test_standard_recipe_keeps_ranks_in_sync(spark, np_):
         np.testing.assert_allclose(np.array(a), np.array(b), rtol=0, atol=1e-7)
     assert not np.allclose(np.array(weights[0][0]), np.array(out["initial"][0]))  # it trained
     assert out["keras"].startswith("3" if MODE == "keras3" else "2")
+    assert out["backend"] == backend.name()  # the driver's Keras backend, in every rank
 
 
+@pytest.mark.keras_torch
 def test_without_distributed_optimizer_ranks_diverge():
     # Same recipe minus DistributedOptimizer: identical start (broadcast), different data,
     # so ranks must end apart. This is what makes the equality above meaningful.
@@ -91,10 +99,9 @@ def test_without_distributed_optimizer_ranks_diverge():
 
 def sgd_steps(batch: int, lr: float) -> list:
     """hvd_keras.DistributedOptimizer on a fixed dataset: rank r takes its half, in order."""
-    import tensorflow as tf
-
     import hvdrunner.hvd_keras as hvd
 
+    keras = compat.keras_module()
     hvd.init()
     rng = np.random.default_rng(0)
     x = rng.normal(size=(128, 4)).astype("float32")
@@ -112,9 +119,9 @@ def sgd_steps(batch: int, lr: float) -> list:
             ]
         )
         x, y = x[order], y[order]
-    tf.keras.utils.set_random_seed(7)
-    model = tf.keras.Sequential([tf.keras.Input(shape=(4,)), tf.keras.layers.Dense(1)])
-    model.compile(optimizer=hvd.DistributedOptimizer(tf.keras.optimizers.SGD(lr)), loss="mse")
+    keras.utils.set_random_seed(7)
+    model = keras.Sequential([keras.Input(shape=(4,)), keras.layers.Dense(1)])
+    model.compile(optimizer=hvd.DistributedOptimizer(keras.optimizers.SGD(lr)), loss="mse")
     model.fit(
         x, y, batch_size=batch, epochs=2, shuffle=False, verbose=0,
         callbacks=[hvd.callbacks.BroadcastGlobalVariablesCallback(0)],
@@ -122,6 +129,7 @@ def sgd_steps(batch: int, lr: float) -> list:
     return [w.tolist() for w in model.get_weights()]
 
 
+@pytest.mark.keras_torch
 @pytest.mark.timeout(300)
 def test_distributed_optimizer_two_ranks_of_b_equal_one_rank_of_2b():
     # Averaged gradients of two batches of b == the gradient of their union (batch 2b), so
@@ -137,19 +145,18 @@ def sgd_accumulating(batch: int, lr: float, passes: int, average: bool = False) 
     """hvd_keras.DistributedOptimizer(backward_passes_per_step=passes), local gradients
     summed (Horovod's default) or averaged (``average_aggregated_gradients=True``): rank r
     trains on rows [64r, 64r+64) in order, 2 epochs."""
-    import tensorflow as tf
-
     import hvdrunner.hvd_keras as hvd
 
+    keras = compat.keras_module()
     hvd.init()
     rng = np.random.default_rng(0)
     x = rng.normal(size=(128, 4)).astype("float32")
     y = (x @ np.array([1.0, -2.0, 0.5, 3.0]) + 0.1).astype("float32")
     mine = slice(64 * hvd.rank(), 64 * hvd.rank() + 64)
-    tf.keras.utils.set_random_seed(7)
-    model = tf.keras.Sequential([tf.keras.Input(shape=(4,)), tf.keras.layers.Dense(1)])
+    keras.utils.set_random_seed(7)
+    model = keras.Sequential([keras.Input(shape=(4,)), keras.layers.Dense(1)])
     initial = [w.tolist() for w in model.get_weights()]
-    opt = hvd.DistributedOptimizer(tf.keras.optimizers.SGD(lr), backward_passes_per_step=passes,
+    opt = hvd.DistributedOptimizer(keras.optimizers.SGD(lr), backward_passes_per_step=passes,
                                    average_aggregated_gradients=average)  # fmt: skip
     model.compile(optimizer=opt, loss="mse")
     model.fit(
@@ -165,6 +172,7 @@ def sgd_accumulating(batch: int, lr: float, passes: int, average: bool = False) 
     }
 
 
+@pytest.mark.keras_torch
 @pytest.mark.timeout(300)
 @pytest.mark.parametrize("average,factor", [(False, 2), (True, 1)], ids=["summed", "averaged"])
 def test_backward_passes_per_step_sums_local_batches_then_exchanges_once(average, factor):
@@ -214,14 +222,13 @@ def test_horovod_keras_layer_imports_where_tf_keras_is_keras2():
 
 def drifting_recipe() -> None:
     """DistributedOptimizer *not* used: ranks train apart; the sync check must stop it."""
-    import tensorflow as tf
-
     import hvdrunner.hvd_keras as hvd
 
+    keras = compat.keras_module()
     hvd.init()
     x = np.random.default_rng(hvd.rank()).normal(size=(64, 3)).astype("float32")
-    model = tf.keras.Sequential([tf.keras.Input(shape=(3,)), tf.keras.layers.Dense(1)])
-    model.compile(optimizer=tf.keras.optimizers.SGD(0.1), loss="mse")
+    model = keras.Sequential([keras.Input(shape=(3,)), keras.layers.Dense(1)])
+    model.compile(optimizer=keras.optimizers.SGD(0.1), loss="mse")
     model.fit(
         x, x.sum(axis=1), batch_size=16, epochs=3, verbose=0,
         callbacks=[hvd.callbacks.BroadcastGlobalVariablesCallback(0),
@@ -229,6 +236,7 @@ def drifting_recipe() -> None:
     )  # fmt: skip
 
 
+@pytest.mark.keras_torch
 def test_weight_sync_check_fails_a_diverging_job():
     with pytest.raises(HorovodRunnerError) as info:
         HorovodRunner(np=-2).run(drifting_recipe)
@@ -236,38 +244,42 @@ def test_weight_sync_check_fails_a_diverging_job():
     assert "gradients were not averaged" in (info.value.remote_message or "")
 
 
-def test_a_non_tensorflow_keras_backend_is_refused(monkeypatch):
+@pytest.mark.keras_torch
+def test_jax_and_a_backend_that_is_not_installed_are_refused_with_the_fix(monkeypatch):
     monkeypatch.setenv("KERAS_BACKEND", "jax")
-    if MODE == "keras3":
-        with pytest.raises(RuntimeError, match="KERAS_BACKEND='jax'.*TensorFlow backend"):
-            compat.check_backend()
-    else:
+    if MODE != "keras3":
         compat.check_backend()  # Keras 2 has one backend: nothing to refuse
+        return
+    with pytest.raises(RuntimeError, match="Horovod has no JAX collectives.*KERAS_BACKEND=torch"):
+        compat.check_backend()
+    missing = "tensorflow" if backend.name() == "torch" else None
+    if missing is not None:  # Keras' default backend on a machine without TensorFlow
+        monkeypatch.delenv("KERAS_BACKEND")
+        monkeypatch.setenv("KERAS_HOME", "/nonexistent")
+        with pytest.raises(RuntimeError, match="'tensorflow'.*not installed.*KERAS_BACKEND=torch"):
+            compat.check_backend()
 
 
 def local_variables_recipe(hvd_module: str) -> list:
     """A shared layer and a per-rank head: the head's kernel is registered local with the
     optimizer (gradient not averaged) and excluded from the initial broadcast."""
-    import tensorflow as tf
-
     hvd = importlib.import_module(hvd_module)
     hvd.init()
+    keras = compat.keras_module()
     rng = np.random.default_rng(7 + hvd.rank())
     x = rng.normal(size=(128, 4)).astype("float32")
     y = (x @ np.array([1.0, -2.0, 3.0, 0.5]) * (1 + hvd.rank())).astype("float32")
-    tf.keras.utils.set_random_seed(3 + hvd.rank())
-    model = tf.keras.Sequential([tf.keras.Input(shape=(4,)), tf.keras.layers.Dense(3),
-                                 tf.keras.layers.Dense(1)])  # fmt: skip
+    keras.utils.set_random_seed(3 + hvd.rank())
+    model = keras.Sequential([keras.Input(shape=(4,)), keras.layers.Dense(3),
+                              keras.layers.Dense(1)])  # fmt: skip
     head = model.layers[1].kernel
-    opt = hvd.DistributedOptimizer(tf.keras.optimizers.SGD(0.01))
+    opt = hvd.DistributedOptimizer(keras.optimizers.SGD(0.01))
     opt.register_local_var(head)
     model.compile(optimizer=opt, loss="mse")
     initial_head = np.array(head.numpy())
     model.fit(x, y, batch_size=32, epochs=2, verbose=0, callbacks=[
         hvd.callbacks.BroadcastGlobalVariablesCallback(0, local_variables=[head])])  # fmt: skip
-    import horovod.tensorflow as hvd_tf
-
-    return hvd_tf.allgather_object({
+    return backend.horovod().allgather_object({
         "shared": model.layers[0].kernel.numpy().tolist(), "head": head.numpy().tolist(),
         "head_initial": initial_head.tolist(),
     })  # fmt: skip
@@ -277,6 +289,7 @@ def local_variables_recipe(hvd_module: str) -> list:
 LOCAL_MODULES = ["hvdrunner.hvd_keras"] + ([] if MODE == "keras3" else ["horovod.tensorflow.keras"])
 
 
+@pytest.mark.keras_torch
 @pytest.mark.timeout(300)
 @pytest.mark.parametrize("module", LOCAL_MODULES)
 def test_local_variables_keep_their_own_values_and_gradients(module):
@@ -294,39 +307,41 @@ def partial_recipe(hvd_module: str) -> list:
     """Horovod's own test of PartialDistributedOptimizer (test_tensorflow2_keras.py): 0, 1
     and 2 local layers, one fit step each through the module's normal path. Weights start at
     the rank's number, so an averaged gradient differs from a rank's own; SGD(1.0) makes the
-    step the gradient."""
-    import horovod.tensorflow as hvd_tf
-    import tensorflow as tf
-
+    step the gradient. A rank's own gradient is the step of a plain SGD(1.0) on a twin model
+    (backend-neutral: no GradientTape)."""
     hvd = importlib.import_module(hvd_module)
     hvd.init()
-    out = []
-    for num_local in range(3):
-        init = tf.keras.initializers.Constant(hvd.rank() + 1.0)
-        model = tf.keras.Sequential([
-            tf.keras.Input(shape=(3,)),
-            tf.keras.layers.Dense(2, kernel_initializer=init, bias_initializer=init),
-            tf.keras.layers.Dense(3, kernel_initializer=init, bias_initializer=init),
+    keras = compat.keras_module()
+
+    def model_and_step(opt_of: object) -> tuple:
+        init = keras.initializers.Constant(hvd.rank() + 1.0)
+        model = keras.Sequential([
+            keras.Input(shape=(3,)),
+            keras.layers.Dense(2, kernel_initializer=init, bias_initializer=init),
+            keras.layers.Dense(3, kernel_initializer=init, bias_initializer=init),
         ])  # fmt: skip
         x = np.full((4, 3), 1.0 + hvd.rank(), "float32")
-        y = np.zeros((4, 3), "float32")
-        with tf.GradientTape() as tape:
-            loss = tf.keras.losses.MeanSquaredError()(y, model(x, training=True))
-        own = [g.numpy() for g in tape.gradient(loss, model.trainable_weights)]
         before = [w.numpy() for w in model.trainable_weights]
-        opt = hvd.PartialDistributedOptimizer(tf.keras.optimizers.SGD(1.0),
-                                              local_layers=model.layers[:num_local])  # fmt: skip
-        model.compile(optimizer=opt, loss="mse")
-        model.fit(x, y, batch_size=4, epochs=1, shuffle=False, verbose=0)
-        step = [b - w.numpy() for b, w in zip(before, model.trainable_weights, strict=True)]
-        out.append({"own": [g.tolist() for g in own], "step": [s.tolist() for s in step]})
-    return hvd_tf.allgather_object(out)
+        model.compile(optimizer=opt_of(model), loss="mse")
+        model.fit(x, np.zeros((4, 3), "float32"), batch_size=4, epochs=1, shuffle=False,
+                  verbose=0)  # fmt: skip
+        return [(b - w.numpy()).tolist() for b, w in zip(before, model.trainable_weights,
+                                                          strict=True)]  # fmt: skip
+
+    out = []
+    for num_local in range(3):
+        own = model_and_step(lambda m: keras.optimizers.SGD(1.0))
+        step = model_and_step(lambda m, n=num_local: hvd.PartialDistributedOptimizer(
+            keras.optimizers.SGD(1.0), local_layers=m.layers[:n]))  # fmt: skip
+        out.append({"own": own, "step": step})
+    return backend.horovod().allgather_object(out)
 
 
 # Horovod's horovod.keras beside hvdrunner's where it works (Keras 2): the same steps.
 PARTIAL_MODULES = ["hvdrunner.hvd_keras"] + ([] if MODE == "keras3" else ["horovod.keras"])
 
 
+@pytest.mark.keras_torch
 @pytest.mark.timeout(300)
 def test_partial_distributed_optimizer_keeps_local_layers_gradients_local():
     steps = {}
@@ -356,19 +371,23 @@ def test_partial_distributed_optimizer_keeps_local_layers_gradients_local():
 
 def collective_names(hvd_module: str) -> list:
     """Each name user code takes from the Horovod Keras module, called as Horovod documents
-    it, on 2 ranks (rank r holds [r+1, 2(r+1)]); names the module lacks are reported."""
-    import tensorflow as tf
-
+    it, on 2 ranks (rank r holds [r+1, 2(r+1)]); names the module lacks are reported. Values
+    go in as numpy (Horovod's Keras layer makes tensors of them, as does hvdrunner's)."""
     hvd = importlib.import_module(hvd_module)
     hvd.init()
     r = hvd.rank()
-    x = tf.constant([float(r + 1), 2.0 * (r + 1)])
+    x = np.array([float(r + 1), 2.0 * (r + 1)], "float32")
 
     def values(a):  # Horovod's Keras collectives return numpy values, not tensors
         return np.asarray(a).tolist()
 
     def broadcast_variables():
-        v = tf.Variable([float(r)])
+        if backend.is_torch():
+            v = compat.keras_module().Variable([float(r)])
+        else:
+            import tensorflow as tf
+
+            v = tf.Variable([float(r)])
         hvd.broadcast_variables([v], root_rank=1)
         return values(v.numpy())
 
@@ -377,7 +396,7 @@ def collective_names(hvd_module: str) -> list:
                                             hvd.cross_rank(), hvd.cross_size(), hvd.is_initialized()]),
         "allreduce": ("allreduce", lambda: values(hvd.allreduce(x))),  # Average by default
         "allreduce_sum": ("allreduce", lambda: values(hvd.allreduce(x, op=hvd.Sum))),
-        "allgather": ("allgather", lambda: values(hvd.allgather(tf.constant([[float(r)]])))),
+        "allgather": ("allgather", lambda: values(hvd.allgather(np.array([[float(r)]], "float32")))),
         "broadcast": ("broadcast", lambda: values(hvd.broadcast(x, root_rank=1))),
         "broadcast_object": ("broadcast_object", lambda: hvd.broadcast_object({"r": r}, root_rank=1)),
         "allgather_object": ("allgather_object", lambda: hvd.allgather_object(r)),
@@ -385,9 +404,7 @@ def collective_names(hvd_module: str) -> list:
         "broadcast_variables": ("broadcast_variables", broadcast_variables),
     }  # fmt: skip
     out = {name: call() if hasattr(hvd, attr) else "absent" for name, (attr, call) in calls.items()}
-    import horovod.tensorflow as hvd_tf
-
-    everyone = hvd_tf.allgather_object(out)
+    everyone = backend.horovod().allgather_object(out)
     hvd.shutdown()
     return [everyone, hvd.is_initialized()]
 
@@ -400,6 +417,7 @@ HOROVOD_ANSWERS = {
 }  # fmt: skip
 
 
+@pytest.mark.keras_torch
 @pytest.mark.timeout(300)
 @pytest.mark.parametrize("module", LOCAL_MODULES)
 def test_the_collectives_answer_what_horovod_answers(module):
@@ -414,6 +432,7 @@ def test_the_collectives_answer_what_horovod_answers(module):
     assert initialized_after_shutdown is False
 
 
+@pytest.mark.keras_torch
 def test_the_drop_in_names_and_signatures_follow_horovod():
     import inspect
 

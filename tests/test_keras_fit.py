@@ -1,5 +1,8 @@
 """hvdrunner.keras.fit on real 2-rank jobs: accuracy, exact data-parallel equivalence,
-checkpoint resume after a SIGKILL, and the refusal of non-Keras models."""
+checkpoint resume after a SIGKILL, and the refusal of non-Keras models.
+
+Tests marked ``keras_torch`` run again on the torch stack, where Keras 3 trains on PyTorch
+without TensorFlow; their rank code takes Keras from ``compat.keras_module()``."""
 
 from __future__ import annotations
 
@@ -14,7 +17,7 @@ import pytest
 
 from hvdrunner import HorovodRunner, HorovodRunnerError
 from hvdrunner.data import prepare
-from hvdrunner.keras import FitConfig, fit
+from hvdrunner.keras import FitConfig, compat, fit
 
 pytestmark = pytest.mark.keras
 
@@ -37,18 +40,18 @@ def digits(spark, tmp_path_factory):
 
 
 def build_mlp():
-    import tensorflow as tf
-
-    return tf.keras.Sequential(
+    keras = compat.keras_module()
+    return keras.Sequential(
         [
-            tf.keras.Input(shape=(64,)),
-            tf.keras.layers.Dense(64, activation="relu"),
-            tf.keras.layers.Dense(10, activation="softmax"),
+            keras.Input(shape=(64,)),
+            keras.layers.Dense(64, activation="relu"),
+            keras.layers.Dense(10, activation="softmax"),
         ]
     )
 
 
 @pytest.mark.keras_mode  # the logged model's format differs by Keras mode
+@pytest.mark.keras_torch  # and by backend (mlflow.keras on PyTorch)
 @pytest.mark.timeout(300)
 def test_two_rank_fit_reaches_accuracy_and_mlflow_agrees(digits, store):
     data, x_test, y_test = digits
@@ -77,14 +80,15 @@ def test_two_rank_fit_reaches_accuracy_and_mlflow_agrees(digits, store):
     assert [v.run_id for v in versions] == [run.info.run_id]
     params = mlflow.get_run(run.info.run_id).data.params
     assert params["num_ranks"] == "2" and params["scaled_learning_rate"] == "0.002"
+    from hvdrunner.keras import backend
+
+    assert params["keras_backend"] == backend.name()
 
 
 def fit_and_weights(**kwargs):
-    import tensorflow as tf
-
     grabbed = {}
 
-    class Grab(tf.keras.callbacks.Callback):
+    class Grab(compat.keras_module().callbacks.Callback):
         def on_train_end(self, logs=None):
             grabbed["w"] = [w.tolist() for w in self.model.get_weights()]
 
@@ -93,12 +97,12 @@ def fit_and_weights(**kwargs):
 
 
 def build_linear():
-    import tensorflow as tf
-
-    return tf.keras.Sequential([tf.keras.Input(shape=(4,)), tf.keras.layers.Dense(1)])
+    keras = compat.keras_module()
+    return keras.Sequential([keras.Input(shape=(4,)), keras.layers.Dense(1)])
 
 
 @pytest.mark.keras_mode  # the optimizer wrapper over each Keras generation's optimizers
+@pytest.mark.keras_torch  # and fit's numpy feed on PyTorch
 @pytest.mark.timeout(300)
 def test_two_ranks_of_batch_b_equal_one_rank_of_batch_2b(spark, tmp_path):
     b, n = 16, 256
@@ -145,11 +149,9 @@ def test_two_ranks_of_batch_b_equal_one_rank_of_batch_2b(spark, tmp_path):
 
 
 def fit_initial_and_final_weights(**kwargs):
-    import tensorflow as tf
-
     grabbed = {}
 
-    class Grab(tf.keras.callbacks.Callback):
+    class Grab(compat.keras_module().callbacks.Callback):
         def on_train_begin(self, logs=None):  # after fit's broadcast: rank 0's initial weights
             grabbed["initial"] = [w.tolist() for w in self.model.get_weights()]
 
@@ -161,6 +163,7 @@ def fit_initial_and_final_weights(**kwargs):
 
 
 @pytest.mark.keras_mode  # gradient aggregation in the optimizer wrapper, per generation
+@pytest.mark.keras_torch  # and per backend (eager accumulation on PyTorch)
 @pytest.mark.timeout(300)
 def test_backward_passes_per_step_averages_local_batches(spark, tmp_path):
     # fit(backward_passes_per_step=2) on 2 ranks, batch 16: one update per 2 batches with
@@ -192,15 +195,14 @@ def test_backward_passes_per_step_averages_local_batches(spark, tmp_path):
 
 
 def fit_killing_rank1_after_epoch2(**kwargs):
-    import horovod.tensorflow as hvd
-    import tensorflow as tf
+    import hvdrunner.hvd_keras as hvd
 
-    class Kill(tf.keras.callbacks.Callback):
+    class Kill(compat.keras_module().callbacks.Callback):
         def on_epoch_end(self, epoch, logs=None):
             if epoch == 1:
                 # Runs after rank 0's checkpoint callback: once both pass this collective,
                 # epoch 2's checkpoint is on disk.
-                hvd.allreduce(tf.constant(0.0), name="before-kill")
+                hvd.allreduce(np.float32(0.0), name="before-kill")
                 if hvd.rank() == 1:
                     os.kill(os.getpid(), signal.SIGKILL)
 
@@ -208,6 +210,7 @@ def fit_killing_rank1_after_epoch2(**kwargs):
 
 
 @pytest.mark.keras_mode  # checkpoint files and optimizer state, per generation
+@pytest.mark.keras_torch  # and per backend
 @pytest.mark.timeout(300)
 def test_resume_after_sigkill_continues_at_epoch_3(digits, store, tmp_path):
     data, _, _ = digits
@@ -270,11 +273,9 @@ def test_fit_config_rejects_bad_settings(kwargs, match):
 
 
 def fit_with_rank1_drift(**kwargs):
-    import tensorflow as tf
-
     from hvdrunner.distributed import rank
 
-    class Drift(tf.keras.callbacks.Callback):
+    class Drift(compat.keras_module().callbacks.Callback):
         """Rank 1 nudges its own weights mid-epoch: what an unsynchronized optimizer does."""
 
         def on_train_batch_end(self, batch, logs=None):
@@ -284,6 +285,7 @@ def fit_with_rank1_drift(**kwargs):
     return fit(callbacks=[Drift()], **kwargs)
 
 
+@pytest.mark.keras_torch
 @pytest.mark.timeout(300)
 def test_fit_fails_loudly_when_ranks_drift_apart(digits, store):
     data, _, _ = digits
@@ -339,26 +341,26 @@ def test_unusable_checkpoint_dir_fails_before_launch(digits, tmp_path):
 
 
 def early_stopping(validation, **kwargs):
-    import horovod.tensorflow as hvd
-    import tensorflow as tf
+    import hvdrunner.hvd_keras as hvd
+    from hvdrunner.keras.inputs import prepared_input
 
-    from hvdrunner.keras import compat
-
+    keras = compat.keras_module()
     local: list[float] = []  # this rank's own val_loss on its share, each epoch
 
-    class LocalValidation(compat.keras_module().callbacks.Callback):
+    class LocalValidation(keras.callbacks.Callback):
         def on_epoch_end(self, epoch, logs=None):
             batch = min(kwargs["batch_size"], validation.rows_per_rank())
-            with validation.tf_dataset(batch, shuffle=False) as ds:
+            with prepared_input(validation, batch, shuffle=False) as ds:
                 out = self.model.evaluate(ds, steps=validation.steps_per_epoch(batch), verbose=0)
             local.append(float(out[0] if isinstance(out, list) else out))
 
     # min_delta far above any real improvement: every rank must stop after epoch 2, together.
-    stop = tf.keras.callbacks.EarlyStopping(monitor="val_loss", patience=0, min_delta=10.0)
+    stop = keras.callbacks.EarlyStopping(monitor="val_loss", patience=0, min_delta=10.0)
     result = fit(validation=validation, callbacks=[LocalValidation(), stop], **kwargs)
     return result, hvd.allgather_object(local)
 
 
+@pytest.mark.keras_torch  # the validation feed differs by backend
 @pytest.mark.timeout(300)
 def test_validation_metrics_and_early_stopping_agree_on_every_rank(spark, digits, store, tmp_path):
     data, x_test, y_test = digits
@@ -391,7 +393,10 @@ def test_validation_metrics_and_early_stopping_agree_on_every_rank(spark, digits
     [
         # Real petastorm where it imports (lts: pyarrow < 15); hvdrunner's drop-in elsewhere.
         pytest.param("petastorm.spark", marks=pytest.mark.stacks("lts")),
-        pytest.param("hvdrunner.petastorm.spark", marks=pytest.mark.stacks("modern")),
+        pytest.param(
+            "hvdrunner.petastorm.spark",
+            marks=[pytest.mark.stacks("modern", "torch"), pytest.mark.keras_torch],
+        ),
     ],
 )
 def test_fit_accepts_a_petastorm_converter_with_equal_steps(spark, tmp_path, module):
@@ -468,6 +473,7 @@ def fit_recording_lr(callbacks_before=(), **kwargs):
     return result, seen
 
 
+@pytest.mark.keras_torch  # the rate is a backend variable, set per batch
 @pytest.mark.timeout(300)
 def test_warmup_ramps_the_learning_rate_per_batch_to_the_scaled_rate(digits):
     from hvdrunner.core.schedule import warmup_multiplier

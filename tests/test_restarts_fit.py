@@ -158,11 +158,12 @@ def test_torch_fit_survives_a_sigkill_and_ends_as_an_undisturbed_run(
 
 # -- Keras --------------------------------------------------------------------------------------
 def build_keras_mlp():
-    import tensorflow as tf
+    from hvdrunner.keras import compat
 
-    return tf.keras.Sequential([tf.keras.Input(shape=(64,)),
-                                tf.keras.layers.Dense(32, activation="relu"),
-                                tf.keras.layers.Dense(10, activation="softmax")])  # fmt: skip
+    keras = compat.keras_module()  # tf.keras, or Keras 3 on PyTorch (the torch stack)
+    return keras.Sequential([keras.Input(shape=(64,)),
+                             keras.layers.Dense(32, activation="relu"),
+                             keras.layers.Dense(10, activation="softmax")])  # fmt: skip
 
 
 def keras_fit_with_fault(fault: str | None, **kwargs: Any) -> Any:
@@ -192,7 +193,8 @@ KERAS_FIT = dict(build_model=build_keras_mlp, epochs=EPOCHS, batch_size=32, lear
 
 
 @pytest.mark.keras
-@pytest.mark.stacks("modern")  # the path is fit's neutral recipe and ledger: once is enough
+@pytest.mark.keras_torch  # restarts of Keras on PyTorch too: checkpoints differ by backend
+@pytest.mark.stacks("modern", "torch")  # fit's neutral recipe and ledger: once per backend
 @pytest.mark.timeout(400)
 def test_keras_fit_survives_a_sigkill_and_ends_as_an_undisturbed_run(digits, store, tmp_path):
     with mlflow.start_run() as reference_run:

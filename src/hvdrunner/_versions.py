@@ -110,5 +110,5 @@ def framework_env(env: dict[str, str] | None = None) -> dict[str, str]:
         >>> framework_env({"KERAS_BACKEND": "torch", "PATH": "/bin"})
         {'KERAS_BACKEND': 'torch'}
     """
-    env = os.environ if env is None else env
-    return {name: env[name] for name in (BACKEND_ENV, LEGACY_ENV) if name in env}
+    source = dict(os.environ) if env is None else env
+    return {name: source[name] for name in (BACKEND_ENV, LEGACY_ENV) if name in source}

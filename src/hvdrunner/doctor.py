@@ -134,6 +134,23 @@ def _framework_checks(tf: str | None, torch: str | None) -> list[Check]:
     ]  # fmt: skip
 
 
+def _keras3_backend(
+    keras: str | None, tf: str | None, torch: str | None, env: dict[str, str]
+) -> Check:
+    """Keras 3 trains on TensorFlow or PyTorch (``horovod.tensorflow``/``horovod.torch``),
+    the backend being Keras' default (``tensorflow``) unless ``KERAS_BACKEND`` says."""
+    backend = env.get("KERAS_BACKEND", "").strip().lower() or "tensorflow"
+    installed = {"tensorflow": tf, "torch": torch}.get(backend)
+    fix = ("set KERAS_BACKEND=torch (Keras' default, tensorflow, is not installed)" if tf is None
+           else "unset KERAS_BACKEND, or set it to tensorflow or torch (Horovod has no JAX "
+           "collectives)")  # fmt: skip
+    return Check(
+        "Keras generation", installed is not None,
+        f"Keras 3 (keras {keras}, backend {backend}): use hvdrunner.keras.fit or "
+        f"`import hvdrunner.hvd_keras as hvd`; horovod.tensorflow.keras is refused in ranks "
+        f"(it would train unsynchronized)", fix)  # fmt: skip
+
+
 def evaluate_stack(
     versions: dict[str, str | None], env: dict[str, str] | None = None
 ) -> list[Check]:
@@ -169,14 +186,8 @@ def evaluate_stack(
             else f"TF_USE_LEGACY_KERAS=1 but tf_keras is {tfk or 'not installed'} "
             f"(TensorFlow {tf}): tf.keras would not be the Keras 2 you asked for",
             f"pip install tf_keras=={'.'.join(map(str, _mm(tf or '0')))}.* or unset TF_USE_LEGACY_KERAS"))  # fmt: skip
-    elif modern:
-        backend = env.get("KERAS_BACKEND", "tensorflow").strip().lower() or "tensorflow"
-        checks.append(Check(
-            "Keras generation", backend == "tensorflow",
-            f"Keras 3 (keras {keras}, backend {backend}): use hvdrunner.keras.fit or "
-            f"`import hvdrunner.hvd_keras as hvd`; horovod.tensorflow.keras is refused in ranks "
-            f"(it would train unsynchronized)",
-            "unset KERAS_BACKEND or set it to tensorflow (Horovod's ops are TF ops)"))  # fmt: skip
+    elif modern or (tf is None and keras is not None and _mm(keras) >= (3, 0)):
+        checks.append(_keras3_backend(keras, tf, versions.get("torch"), env))
     pyarrow, petastorm = versions.get("pyarrow"), versions.get("petastorm")
     if petastorm is None:
         checks.append(Check("petastorm", None, "not installed (optional: hvdrunner.petastorm "

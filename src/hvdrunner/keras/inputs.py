@@ -3,8 +3,8 @@ petastorm-style converter (:mod:`hvdrunner.petastorm.spark`, read as the prepare
 is), or a real Petastorm ``SparkDatasetConverter`` (stacks with petastorm, pyarrow < 15).
 
 Both become an endless stream of ``(features, label)`` batches with one ``steps_per_epoch``
-common to every rank: a ``tf.data.Dataset`` on TensorFlow, numpy batches from a generator on
-Keras' PyTorch backend (Keras moves them to its device). Petastorm shards by row group, so its shards are
+common to every rank: a ``tf.data.Dataset`` on TensorFlow, a torch ``DataLoader`` of the same
+batches on Keras' PyTorch backend (Keras moves them to its device). Petastorm shards by row group, so its shards are
 unequal (42,668 vs 7,332 rows of 50,000 in our field notes): with a finite stream the rank
 with fewer rows would stop early and the others would hang in their next allreduce. Here
 every rank reads an endless stream and runs ``ceil(rows / (batch_size * ranks))`` steps.
@@ -86,7 +86,7 @@ def prepared_input(
     in_memory: bool | None = None,
 ) -> contextlib.AbstractContextManager[Any]:  # fmt: skip
     """Endless batches of this rank's shard of prepared ``data`` for Keras' fit: a
-    ``tf.data.Dataset`` on TensorFlow, a generator of numpy ``(x, y)`` on PyTorch."""
+    ``tf.data.Dataset`` on TensorFlow, a torch ``DataLoader`` of ``(x, y)`` on PyTorch."""
     if not backend.is_torch():
         return data.tf_dataset(
             batch_size, shuffle=shuffle, seed=seed, first_epoch=first_epoch, in_memory=in_memory
@@ -99,13 +99,26 @@ def _numpy_batches(
     data: Any, batch_size: int, shuffle: bool, seed: int, first_epoch: int,
     in_memory: bool | None,
 ) -> Iterator[Any]:  # fmt: skip
-    feed = data.batches(batch_size, shuffle=shuffle, seed=seed, first_epoch=first_epoch,
-                        in_memory=in_memory)  # fmt: skip
-    batches = (data.structure(batch) for batch in feed)
+    """A torch ``DataLoader`` over the numpy feed, each iteration a fresh stream from
+    ``first_epoch``: Keras re-iterates its validation input at every evaluation, and a plain
+    generator would replay Keras' peeked first batches and then continue mid-stream (rows
+    out of order and out of step with the TensorFlow path)."""
+    import torch
+
+    streams: list[Any] = []
+    base: Any = torch.utils.data.IterableDataset
+
+    class Stream(base):
+        def __iter__(self) -> Iterator[Any]:
+            feed = data.batches(batch_size, shuffle=shuffle, seed=seed,
+                                first_epoch=first_epoch, in_memory=in_memory)  # fmt: skip
+            streams.append(feed)
+            return (data.structure(batch) for batch in feed)
+
     try:
-        yield batches
+        yield torch.utils.data.DataLoader(Stream(), batch_size=None)
     finally:
-        batches.close()
-        close = getattr(feed, "close", None)
-        if close is not None:  # the reader's read-ahead threads end with it
-            close()
+        for feed in streams:
+            close = getattr(feed, "close", None)
+            if close is not None:  # the reader's read-ahead threads end with it
+                close()
