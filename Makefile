@@ -15,6 +15,11 @@ ifeq ($(FRAMEWORK),torch)
 STACK  ?= torch
 endif
 STACK  ?= modern
+# The torch stacks have Keras 3 and no TensorFlow: Keras runs on PyTorch there
+# (`make demo STACK=torch` trains the Keras notebook on it).
+ifneq ($(filter torch gpu,$(STACK)),)
+export KERAS_BACKEND ?= torch
+endif
 VENV   ?= .venv-$(STACK)
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.hvdrunner-env-stamp

@@ -19,6 +19,7 @@
 # MAGIC | `registered_model_name` | register the model (Unity Catalog: `<catalog>.<schema>.<model>`; empty: log only) | `` |
 # MAGIC | `cache_dir` | where the DataFrame is materialized for the ranks (every node must see it) | `/Volumes/<current catalog>/<current schema>/hvdrunner/cache` on Databricks, `./.hvdrunner/cache` elsewhere |
 # MAGIC | `train_path` | training data (empty: task value of `prepare_data`; set it when running by hand) | `` |
+# MAGIC | `keras_backend` | Keras 3's backend: `tensorflow` or `torch` (Keras on PyTorch, no TensorFlow needed; docs/keras.md); empty: Keras' own choice (`KERAS_BACKEND`, else TensorFlow) | `` |
 # MAGIC | `feed` | `prepare`: `hvdrunner.data.prepare`; `petastorm`: a Petastorm-style converter (`hvdrunner.petastorm.spark.make_spark_converter`, `cache_dir` as its parent cache dir; docs/petastorm.md) | `prepare` |
 # MAGIC
 # MAGIC Task values set: `model_uri`, `run_id`.
@@ -40,6 +41,8 @@ except ImportError as exc:
 
 # COMMAND ----------
 
+import os
+
 from hvdrunner.notebook import default_dir, default_experiment
 
 dbutils.widgets.text("np", "2", "Horovod ranks")
@@ -57,19 +60,24 @@ dbutils.widgets.text("registered_model_name", "", "Registered model name")
 dbutils.widgets.text("cache_dir", default_dir("cache"), "Data cache directory")
 dbutils.widgets.text("train_path", "", "Training data path")
 dbutils.widgets.dropdown("feed", "prepare", ["prepare", "petastorm"], "Input feed")
+dbutils.widgets.text("keras_backend", "", "Keras backend (tensorflow/torch)")
+
+# Before anything imports Keras; HorovodRunner passes it on to every rank.
+if dbutils.widgets.get("keras_backend"):
+    os.environ["KERAS_BACKEND"] = dbutils.widgets.get("keras_backend")
 
 # COMMAND ----------
 
 
 def build_model():
-    """The model: plain Keras, no Horovod. Edit freely."""
-    import tensorflow as tf
+    """The model: plain Keras (on TensorFlow or PyTorch), no Horovod. Edit freely."""
+    import keras
 
-    return tf.keras.Sequential(
+    return keras.Sequential(
         [
-            tf.keras.Input(shape=(64,)),
-            tf.keras.layers.Dense(128, activation="relu"),
-            tf.keras.layers.Dense(10, activation="softmax"),
+            keras.Input(shape=(64,)),
+            keras.layers.Dense(128, activation="relu"),
+            keras.layers.Dense(10, activation="softmax"),
         ]
     )
 

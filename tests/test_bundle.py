@@ -20,7 +20,7 @@ from helpers import bundle
 
 ROOT = Path(__file__).resolve().parents[1]
 VALIDATOR = ROOT.parent / "shared" / "tools" / "validate_bundle.py"
-TARGETS = ("dev", "lts", "prod")
+TARGETS = ("dev", "keras_on_torch", "lts", "prod")
 USER = "first.last@example.com"
 WHEEL = re.compile(r"horovod-0\.28\.1-(cp3\d+)-\1-linux_x86_64\.whl")
 #: What a user passes (BUNDLE_VAR_catalog / --var): catalog and schema have no default.
@@ -175,11 +175,26 @@ def test_the_keras_job_and_the_wheel_build_get_tensorflow_where_the_runtime_lack
         keras = _task(_job(config, "hvdrunner_train"), "train_keras")["libraries"]
         build = _task(_job(config, "hvdrunner_build_horovod"), "build_horovod").get("libraries", [])
         torch = _task(_job(config, "hvdrunner_train_torch"), "train_torch")["libraries"]
-        expected = [] if name == "lts" else [{"pypi": {"package": tf}}]  # 15.4 ships TF 2.16
+        # 15.4 ships TF 2.16; keras_on_torch trains Keras on PyTorch, with no TensorFlow
+        expected = [] if name in ("lts", "keras_on_torch") else [{"pypi": {"package": tf}}]
         assert [lib for lib in keras if "pypi" in lib] == expected
         assert build == expected  # horovod is compiled against the TF the Keras job runs
         assert not [lib for lib in torch if "pypi" in lib]
     assert tf.startswith("tensorflow[and-cuda]==")
+
+
+@pytest.mark.parametrize("name", TARGETS)
+def test_the_keras_job_runs_on_the_backend_its_target_names(name):
+    config = _resolved(name)
+    job = _job(config, "hvdrunner_train")
+    params = _task(job, "train_keras")["notebook_task"]["base_parameters"]
+    env = job["job_clusters"][0]["new_cluster"].get("spark_env_vars", {})
+    if name == "keras_on_torch":  # the notebook, the ranks and the scoring UDF all on PyTorch
+        assert params["keras_backend"] == "torch" and env == {"KERAS_BACKEND": "torch"}
+    else:
+        assert params["keras_backend"] == "tensorflow" and "KERAS_BACKEND" not in env
+    notebook = (ROOT / "notebooks" / "02_train_keras.py").read_text()
+    assert 'dbutils.widgets.text("keras_backend"' in notebook
 
 
 @pytest.mark.parametrize("name", TARGETS)

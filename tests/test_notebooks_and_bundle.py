@@ -128,23 +128,29 @@ def test_jobs_load_with_databricks_bundles_and_match_the_notebooks(name, framewo
 
 @pytest.mark.timeout(600)
 @pytest.mark.parametrize(
-    "framework,feed",
+    "framework,feed,backend",
     [
         # Each Keras generation once: lts with the Petastorm-style feed (02's feed widget),
-        # modern with prepare().
-        pytest.param("keras", "prepare", marks=[pytest.mark.keras, pytest.mark.stacks("modern")]),
-        pytest.param("keras", "petastorm", marks=[pytest.mark.keras, pytest.mark.stacks("lts")]),
-        pytest.param("torch", None, marks=pytest.mark.torch),
+        # modern with prepare(); Keras 3 on PyTorch where TensorFlow is absent (the torch
+        # stack, `make demo STACK=torch`), its backend also named by 02's widget.
+        pytest.param("keras", "prepare", None,
+                     marks=[pytest.mark.keras, pytest.mark.stacks("modern")]),
+        pytest.param("keras", "petastorm", None,
+                     marks=[pytest.mark.keras, pytest.mark.stacks("lts")]),
+        pytest.param("keras", None, "torch", marks=[pytest.mark.keras, pytest.mark.keras_torch,
+                                                     pytest.mark.stacks("torch")]),
+        pytest.param("torch", None, None, marks=pytest.mark.torch),
     ],
-)
-def test_the_three_notebooks_run_as_a_local_job(tmp_path, framework, feed):
+)  # fmt: skip
+def test_the_three_notebooks_run_as_a_local_job(tmp_path, framework, feed, backend):
     # No tracking URI set: the demo's own default store, ./mlflow.db, on every stack (MLflow
     # 2.13 alone would default to a file store in ./mlruns).
     env = {k: v for k, v in os.environ.items() if k != "MLFLOW_TRACKING_URI"}
     proc = subprocess.run(
         [sys.executable, "-m", "hvdrunner", "demo", "--notebooks", str(ROOT / "notebooks"),
          "--epochs", "4", "--workdir", str(tmp_path / "demo"), "--framework", framework,
-         *(["--param", f"feed={feed}"] if feed else [])],
+         *(["--param", f"feed={feed}"] if feed else []),
+         *(["--param", f"keras_backend={backend}"] if backend else [])],
         cwd=tmp_path, env=env, capture_output=True, text=True, timeout=540,
     )  # fmt: skip
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
@@ -174,6 +180,8 @@ def test_the_three_notebooks_run_as_a_local_job(tmp_path, framework, feed):
     try:
         run = mlflow.get_run(values[f"train_{framework}"]["run_id"])
         assert run.info.status == "FINISHED"
+        if backend:
+            assert run.data.params["keras_backend"] == backend
         assert run.data.metrics["test_accuracy"] == pytest.approx(accuracy)
         assert (tmp_path / "demo" / "predictions").is_dir()
     finally:

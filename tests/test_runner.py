@@ -27,6 +27,7 @@ def env_report() -> dict:
         "HOROVOD_SIZE",
         "HOROVOD_GLOO_IFACE",
         "CUDA_VISIBLE_DEVICES",
+        "KERAS_BACKEND",
     ]
     return hvd.allgather_object({k: os.environ.get(k) for k in keys} | {"pid": os.getpid()})
 
@@ -69,8 +70,11 @@ def sleep_forever() -> None:
 
 # -- tests --------------------------------------------------------------------------------
 @pytest.mark.stacks("lts", "modern")  # barrier tasks on Spark 3.5 and 4.1
-def test_rank_environment_on_spark(spark):
+def test_rank_environment_on_spark(spark, monkeypatch):
+    # Set in the notebook after Spark's executors started: the ranks still see it.
+    monkeypatch.setenv("KERAS_BACKEND", "tensorflow")
     envs = HorovodRunner(np=2).run(env_report)
+    assert {e["KERAS_BACKEND"] for e in envs} == {"tensorflow"}
     assert sorted(e["HOROVOD_RANK"] for e in envs) == ["0", "1"]
     assert {e["HOROVOD_SIZE"] for e in envs} == {"2"}
     assert sorted(e["HOROVOD_LOCAL_RANK"] for e in envs) == ["0", "1"]  # one host

@@ -2,7 +2,8 @@
 
 A port of the CLI mutators that decide the values that matter (databricks/cli, bundle/config/
 mutator/): includes and target overrides merged (maps merged, sequences concatenated, job
-tasks merged by ``task_key``: libs/dyn/merge/merge.go, merge_job_tasks.go), the default
+tasks merged by ``task_key``, job clusters by ``job_cluster_key``: libs/dyn/merge/merge.go,
+merge_job_tasks.go, merge_job_clusters.go), the default
 workspace root ``~/.bundle/<name>/<target>`` expanded to ``/Users/<user>/...``
 (default_workspace_root.go, expand_workspace_root.go) and prefixed with ``/Workspace``
 (prepend_workspace_prefix.go), ``file_path`` = root + ``/files`` (default_workspace_paths.go),
@@ -47,11 +48,13 @@ def merge(a: Any, b: Any) -> Any:
 
 def _merge_tasks(config: dict[str, Any]) -> None:
     for job in config.get("resources", {}).get("jobs", {}).values():
-        merged: dict[str, Any] = {}
-        for task in job.get("tasks", []):
-            key = task["task_key"]
-            merged[key] = merge(merged[key], task) if key in merged else task
-        job["tasks"] = list(merged.values())
+        for field, key_name in (("tasks", "task_key"), ("job_clusters", "job_cluster_key")):
+            merged: dict[str, Any] = {}
+            for item in job.get(field, []):
+                key = item[key_name]
+                merged[key] = merge(merged[key], item) if key in merged else item
+            if field in job:
+                job[field] = list(merged.values())
 
 
 def load(root: Path) -> dict[str, Any]:

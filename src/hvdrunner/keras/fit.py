@@ -238,7 +238,8 @@ def _train(
 
 def _log_model(model: Any, cfg: FitConfig, example: Any) -> str | None:
     """The model with a signature from a few training rows, into the run (rank 0)."""
-    features = example[0] if isinstance(example, tuple) else example
+    # (x, y); a torch DataLoader hands the pair over as a list
+    features = example[0] if isinstance(example, tuple | list) else example
     return log_model(model, _head(features), registered_name=cfg.registered_model_name)
 
 

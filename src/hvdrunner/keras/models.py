@@ -9,7 +9,7 @@ from typing import Any
 
 from hvdrunner import _versions
 from hvdrunner.keras import backend
-from hvdrunner.tracking.models import log_saved
+from hvdrunner.tracking.models import log_saved, without_local_label_warning
 from hvdrunner.tracking.runs import rank0_client
 
 
@@ -50,7 +50,9 @@ def log_model(
             import mlflow.keras
 
             os.makedirs(path)  # mlflow.keras writes the example before it makes the folder
-            mlflow.keras.save_model(model, path, signature=signature, input_example=input_example)
+            with without_local_label_warning():
+                mlflow.keras.save_model(model, path, signature=signature,
+                                        input_example=input_example)  # fmt: skip
             return
         mlflow.tensorflow.save_model(
             model, path, signature=signature, input_example=input_example,

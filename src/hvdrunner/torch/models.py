@@ -3,31 +3,10 @@ signature, from a CPU copy, loadable where neither horovod nor hvdrunner is inst
 
 from __future__ import annotations
 
-import contextlib
-import logging
-from collections.abc import Iterator
 from typing import Any
 
-from hvdrunner.tracking.models import log_saved
+from hvdrunner.tracking.models import log_saved, without_local_label_warning
 from hvdrunner.tracking.runs import rank0_client
-
-
-class _LocalLabelFilter(logging.Filter):
-    def filter(self, record: logging.LogRecord) -> bool:
-        return "contains a local version label" not in record.getMessage()
-
-
-@contextlib.contextmanager
-def _without_local_label_warning() -> Iterator[None]:
-    """MLflow warns that torch's ``+cpu``/``+cu124`` label is dropped from the model's pip
-    requirements, once per save: expected for every torch wheel, not news to a user."""
-    logger = logging.getLogger("mlflow.utils.requirements_utils")
-    quiet = _LocalLabelFilter()
-    logger.addFilter(quiet)
-    try:
-        yield
-    finally:
-        logger.removeFilter(quiet)
 
 
 def log_model(
@@ -58,7 +37,7 @@ def log_model(
             )
             output = cpu(**inputs) if isinstance(inputs, dict) else cpu(inputs)
         signature = infer_signature(input_example, output.numpy())
-        with _without_local_label_warning():
+        with without_local_label_warning():
             mlflow.pytorch.save_model(cpu, path, signature=signature, input_example=input_example)
 
     return log_saved(save, artifact_path, registered_name)

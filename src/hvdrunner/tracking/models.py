@@ -4,9 +4,11 @@ logging. Each framework's own half lives with its adapter: ``hvdrunner.keras.log
 
 from __future__ import annotations
 
+import contextlib
+import logging
 import os
 import tempfile
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 
 from hvdrunner.tracking.runs import rank0_client, run_id
 
@@ -35,3 +37,27 @@ def log_saved(
 
         mlflow.register_model(uri, registered_name)
     return uri
+
+
+class _LocalLabelFilter(logging.Filter):
+    def filter(self, record: logging.LogRecord) -> bool:
+        return "contains a local version label" not in record.getMessage()
+
+
+@contextlib.contextmanager
+def without_local_label_warning() -> Iterator[None]:
+    """MLflow warns that torch's ``+cpu``/``+cu124`` label is dropped from the model's pip
+    requirements, once per save of a model that needs torch (``mlflow.pytorch``, or Keras on
+    PyTorch): expected for every torch wheel, not news to a user.
+
+    Example:
+        >>> with without_local_label_warning():
+        ...     pass
+    """
+    logger = logging.getLogger("mlflow.utils.requirements_utils")
+    quiet = _LocalLabelFilter()
+    logger.addFilter(quiet)
+    try:
+        yield
+    finally:
+        logger.removeFilter(quiet)
