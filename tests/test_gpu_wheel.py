@@ -45,7 +45,8 @@ def test_the_gpu_wheel_is_a_cuda_nccl_build_keyed_by_both_versions(tmp_path):
 @pytest.mark.stacks("gpu")
 @pytest.mark.timeout(420)
 def test_the_gpu_wheels_cpu_paths_give_what_the_cpu_wheel_gives(tmp_path):
-    """The same job under both builds: allreduce, the unchanged recipe and fit, 2 ranks."""
+    """The same job under both builds: allreduce, the unchanged recipe, fit and Keras' fit on
+    PyTorch, 2 ranks."""
     if not CPU_WHEEL_PYTHON.exists():
         pytest.fail(
             f"{CPU_WHEEL_PYTHON} is missing: `make test STACK=gpu` sets up the torch stack first"
@@ -68,6 +69,7 @@ def test_the_gpu_wheels_cpu_paths_give_what_the_cpu_wheel_gives(tmp_path):
     for mine, theirs in zip(gpu_run["recipe"], cpu_run["recipe"], strict=True):
         np.testing.assert_allclose(mine, theirs, rtol=1e-9)  # two torch builds, float64
     np.testing.assert_allclose(gpu_run["fit_loss"], cpu_run["fit_loss"], rtol=1e-5)
+    np.testing.assert_allclose(gpu_run["keras_fit_loss"], cpu_run["keras_fit_loss"], rtol=1e-5)
 
 
 @pytest.mark.torch

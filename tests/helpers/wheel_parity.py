@@ -1,8 +1,9 @@
 """One fixed job, printed as JSON, for comparing two horovod builds (tests/test_gpu_wheel.py runs
 it under the gpu stack's CUDA + NCCL wheel and the torch stack's CPU wheel): on 2 ranks of a
 local[2] Spark session, an allreduce of seeded tensors (sum and average), five steps of the
-unchanged horovod.torch recipe, and ``hvdrunner.torch.fit`` for two epochs - all on CPU
-tensors, the paths a GPU wheel also takes for CPU data.
+unchanged horovod.torch recipe, ``hvdrunner.torch.fit`` and ``hvdrunner.keras.fit`` on
+Keras 3's PyTorch backend (``KERAS_BACKEND=torch``) for two epochs each - all on CPU tensors,
+the paths a GPU wheel also takes for CPU data.
 
     python tests/helpers/wheel_parity.py CACHE_DIR
 """
@@ -64,6 +65,20 @@ def fit_job(data: Any) -> Any:
     return None if result is None else result.history["loss"]
 
 
+def build_keras_linear() -> Any:
+    import keras
+
+    return keras.Sequential([keras.Input(shape=(4,)), keras.layers.Dense(1)])
+
+
+def keras_fit_job(data: Any) -> Any:
+    from hvdrunner.keras import fit
+
+    result = fit(build_keras_linear, data, epochs=2, batch_size=16, loss="mse", optimizer="sgd",
+                 shuffle=False, log_model=False, verbose=0)  # fmt: skip
+    return None if result is None else result.history["loss"]
+
+
 def main(cache: str) -> None:
     import pandas as pd
 
@@ -79,6 +94,7 @@ def main(cache: str) -> None:
                    features="x", label="y", cache_dir=cache)  # fmt: skip
     out = HorovodRunner(np=2).run(collectives_and_recipe)
     out["fit_loss"] = HorovodRunner(np=2).run(fit_job, data=data)
+    out["keras_fit_loss"] = HorovodRunner(np=2).run(keras_fit_job, data=data)
     spark.stop()
     print("PARITY " + json.dumps(out))
 
