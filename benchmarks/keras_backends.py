@@ -55,18 +55,20 @@ def torch_model():
 
 def one_job(contender: str, rows: int, epochs: int, cache: str) -> float:
     """The wall seconds of one ``HorovodRunner.run`` of the contender's fit (this process)."""
-    import numpy as np
-    import pandas as pd
+    from pyspark.sql import functions as F
 
     from hvdrunner import HorovodRunner
     from hvdrunner.data import prepare
     from hvdrunner.spark import local_session
 
     spark = local_session("local[2]", app_name="keras-backends")
-    rng = np.random.default_rng(0)
-    x = rng.normal(size=(rows, 784)).astype("float32")
-    pdf = pd.DataFrame({"x": list(x), "y": rng.integers(0, 10, rows).astype("int64")})
-    data = prepare(spark.createDataFrame(pdf), features="x", label="y", cache_dir=cache)
+    spark.sparkContext.setLogLevel("ERROR")
+    df = spark.range(rows).select(  # torch_comparison.py's synthetic rows
+        F.transform(F.sequence(F.lit(1), F.lit(784)),
+                    lambda i: ((F.col("id") * i) % 997).cast("float") / 997).alias("x"),
+        (F.col("id") % 10).cast("long").alias("y"),
+    )  # fmt: skip
+    data = prepare(df, features="x", label="y", cache_dir=cache)
     common = dict(data=data, epochs=epochs, batch_size=BATCH, optimizer="sgd", learning_rate=0.01,
                   log_model=False, verbose=0)  # fmt: skip
     if contender == "torch-fit":

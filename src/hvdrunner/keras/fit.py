@@ -7,12 +7,13 @@ is generated from them); the work is a few named steps, each a function below.
 from __future__ import annotations
 
 import contextlib
+import os
 from collections.abc import Callable
 from typing import Any
 
 import numpy as np
 
-from hvdrunner.core import recipe, schedule
+from hvdrunner.core import recipe, schedule, settings
 from hvdrunner.core.settings import fit_signature, horovod_env
 from hvdrunner.distributed import is_rank0
 from hvdrunner.keras import backend, compat
@@ -145,12 +146,16 @@ def _init_horovod(cfg: FitConfig) -> Any:
     """``hvd.init()`` with this job's fusion/cycle settings; this rank's GPU; the seed."""
     hvd = backend.horovod()
     horovod_env(cfg, hvd.is_initialized())
+    if backend.is_torch():  # the gradients go out as one grouped request per step
+        os.environ.setdefault(settings.IDLE_WAIT_ENV, settings.IDLE_WAIT_MS)
     hvd.init()
     if backend.is_torch():
         import torch
 
         if torch.cuda.is_available():  # Keras' torch backend places tensors on "cuda"
             torch.cuda.set_device(hvd.local_rank() % torch.cuda.device_count())
+        else:  # the host's CPU ranks share its cores, as hvdrunner.torch's do
+            torch.set_num_threads(settings.cpu_threads(hvd.local_size()))
     else:
         import tensorflow as tf
 

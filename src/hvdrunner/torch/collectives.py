@@ -13,7 +13,6 @@ Example (inside a training function run by HorovodRunner):
 
 from __future__ import annotations
 
-import os
 from collections.abc import Mapping
 from typing import Any
 
@@ -21,6 +20,7 @@ import numpy as np
 import torch
 
 from hvdrunner.core import metrics as core_metrics
+from hvdrunner.core import settings
 from hvdrunner.core.sync import check_fingerprints, weight_fingerprint
 from hvdrunner.torch.config import BUCKET_CAP_MB
 
@@ -50,17 +50,13 @@ def init(seed: int = 0, num_threads: int | None = None) -> torch.device:
     if torch.cuda.is_available():
         torch.cuda.set_device(hvd.local_rank() % torch.cuda.device_count())
         return torch.device("cuda", torch.cuda.current_device())
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
-    torch.set_num_threads(num_threads or max(1, (cores or 1) // hvd.local_size()))
+    torch.set_num_threads(settings.cpu_threads(hvd.local_size(), num_threads))
     return torch.device("cpu")
 
 
-# patches/horovod-0.28.1-idle-wait.patch: while no tensor is pending, horovod's background
-# loop waits (at most this long) for one instead of negotiating every 1 ms cycle, and
-# starts the round for a new request at once. Set by fit, whose buckets arrive whole;
-# per-tensor requests (horovod's own DistributedOptimizer) gain nothing from it. A horovod
-# without the patch ignores it. Measured: docs/benchmarks.md, "PyTorch, side by side".
-IDLE_WAIT_ENV, IDLE_WAIT_MS = "HOROVOD_IDLE_WAIT_MS", "20"
+# Set by fit, whose buckets arrive whole; per-tensor requests (horovod's own
+# DistributedOptimizer) gain nothing from it.
+IDLE_WAIT_ENV, IDLE_WAIT_MS = settings.IDLE_WAIT_ENV, settings.IDLE_WAIT_MS
 
 
 def buckets(model: torch.nn.Module, cap_mb: float = BUCKET_CAP_MB) -> list[list[torch.Tensor]]:
