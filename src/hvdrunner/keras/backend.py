@@ -153,6 +153,17 @@ def broadcast_variables(variables: Sequence[Any], root_rank: int = 0) -> None:
             hvd.synchronize(handle)
 
 
+def _tensor(values: Any) -> Any:
+    """A number or array as this backend's tensor, for Horovod's framework ops."""
+    if is_torch():
+        import torch
+
+        return torch.as_tensor(np.asarray(values))
+    import tensorflow as tf
+
+    return tf.constant(values)
+
+
 def allreduce_array(
     values: Any, average: bool = True, name: str | None = None, op: Any = None
 ) -> np.ndarray:
@@ -161,39 +172,17 @@ def allreduce_array(
     hvd = horovod()
     if op is None:
         op = hvd.Average if average else hvd.Sum
-    if is_torch():
-        import torch
-
-        out = hvd.allreduce(torch.as_tensor(np.asarray(values)), op=op, name=name)
-        return np.asarray(out.numpy())
-    import tensorflow as tf
-
-    return np.asarray(hvd.allreduce(tf.constant(values), op=op, name=name).numpy())
+    return np.asarray(hvd.allreduce(_tensor(values), op=op, name=name).numpy())
 
 
 def broadcast_array(values: Any, root_rank: int, name: str | None = None) -> np.ndarray:
     """``root_rank``'s number or array on every rank, as numpy (a collective)."""
-    hvd = horovod()
-    if is_torch():
-        import torch
-
-        return np.asarray(hvd.broadcast(torch.as_tensor(np.asarray(values)), root_rank,
-                                        name=name).numpy())  # fmt: skip
-    import tensorflow as tf
-
-    return np.asarray(hvd.broadcast(tf.constant(values), root_rank, name=name).numpy())
+    return np.asarray(horovod().broadcast(_tensor(values), root_rank, name=name).numpy())
 
 
 def allgather_array(values: Any, name: str | None = None) -> np.ndarray:
     """Every rank's array concatenated along the first axis, as numpy (a collective)."""
-    hvd = horovod()
-    if is_torch():
-        import torch
-
-        return np.asarray(hvd.allgather(torch.as_tensor(np.asarray(values)), name=name).numpy())
-    import tensorflow as tf
-
-    return np.asarray(hvd.allgather(tf.constant(values), name=name).numpy())
+    return np.asarray(horovod().allgather(_tensor(values), name=name).numpy())
 
 
 __all__ = [
