@@ -13,7 +13,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from hvdrunner import _noise, _versions, tracking
-from hvdrunner._launch import restarts, verdict
+from hvdrunner._launch import backends, restarts, verdict
+from hvdrunner._launch.backend import Backend, Launch
 from hvdrunner._logging import get_logger
 from hvdrunner._secrets import secrets_in
 from hvdrunner.distributed import ATTEMPT_ENV
@@ -226,7 +227,7 @@ class HorovodRunner:
 
         key = secret.make_secret_key()
         service = DriverService(
-            target.np, key, rendezvous_addr=target.addr, bind=target.bind,
+            target.np, key, rendezvous_addr=target.addr, bind=target.backend.bind,
             extra_env={**_versions.framework_env(), **track_env, ATTEMPT_ENV: str(number)},
             secrets=secrets,
             resume_commit=carried.commit,
@@ -237,7 +238,7 @@ class HorovodRunner:
             key=key,
             payload=payload,
             forward_output=self.driver_log_verbosity == "all",
-            spread_host_gpus=target.spread,
+            spread_host_gpus=target.backend.spread_host_gpus,
             pythonpath=_local_pythonpath(),
             host_timeout=self.host_timeout,
             quiet=_noise.CHATTER,
@@ -250,50 +251,39 @@ class HorovodRunner:
             rank_teardown=("hvdrunner.distributed:shutdown",),
             library_dirs=("tensorflow", "keras", "tf_keras", "torch", "horovod"),
         )
-        _log.info(f"launching {target.np} Horovod ranks on {target.where}"
+        _log.info(f"launching {target.np} Horovod ranks on {target.backend.where}"
                   + (f" (attempt {number})" if number > 1 else ""))  # fmt: skip
         try:
-            return self._supervise(target.launch(spec), service, deadline)
+            return self._supervise(target.backend.launch(target.np, spec), service, deadline)
         finally:
             carried.commit = service.commit
 
     def _target(self, restarting: bool = False, deadline: float | None = None) -> _Target:
-        """Where the ranks run: driver processes (np<0) or Spark barrier tasks, checked; on a
-        restart, once the cluster has the slots again (``min_np``: at least those), waiting
-        no longer than ``start_timeout`` and the job's ``timeout`` allow."""
+        """Where the ranks run (:func:`backends.choose`), checked; on a restart, once the
+        cluster has the slots again (``min_np``: at least those), waiting no longer than
+        ``start_timeout`` and the job's ``timeout`` allow."""
         if deadline is not None and time.monotonic() >= deadline:
             raise verdict.timeout_failure(float(self.timeout or 0.0))
-        if self.num_processor < 0:
-            from hvdrunner._launch.local_backend import LocalLaunch
-
-            np = -self.num_processor
-            return _Target(np, "127.0.0.1", "127.0.0.1", "driver processes", True,
-                           lambda spec: LocalLaunch(np, spec))  # fmt: skip
-        from hvdrunner._launch import spark_backend
-
-        sc = _active_spark_context()
-        np = self.num_processor
+        backend = backends.choose(self.num_processor)
+        np = abs(self.num_processor)
         if np == 0:  # sparkdl: all task slots
-            np = spark_backend.task_slots(sc)[0]
+            np = backend.slots()
             _log.info(f"np=0: using all {np} task slots of the cluster")
         if restarting:
             wait = self.start_timeout
             if deadline is not None:
                 wait = max(0.0, min(wait, deadline - time.monotonic()))
             try:
-                np = spark_backend.slots_for_restart(sc, np, self.min_np, wait)
+                np = backend.slots_for_restart(np, self.min_np, wait)
             except ValueError as exc:
                 if deadline is not None and time.monotonic() >= deadline:
                     raise verdict.timeout_failure(float(self.timeout or 0.0)) from exc
                 raise restarts.slots_failure(str(exc)) from exc
         else:
-            spark_backend.preflight(sc, np, wait_s=self.start_timeout)
-        return _Target(
-            np, spark_backend.driver_address(sc), "0.0.0.0", f"Spark barrier tasks ({sc.master})",
-            str(sc.master).startswith("local"), lambda spec: spark_backend.SparkLaunch(sc, np, spec),
-        )  # fmt: skip
+            backend.preflight(np, self.min_np, self.start_timeout)
+        return _Target(np, backend, backend.driver_address())
 
-    def _supervise(self, launch: Any, service: Any, deadline: float | None) -> Any:
+    def _supervise(self, launch: Launch, service: Any, deadline: float | None) -> Any:
         """Start the ranks and wait for the verdict; on any failure no rank outlives this
         attempt (the job's error is what the caller gets)."""
         started = time.monotonic()
@@ -328,11 +318,8 @@ class _Carried:
 @dataclass(frozen=True)
 class _Target:
     np: int
-    addr: str  # the driver's address the tasks connect to
-    bind: str
-    where: str
-    spread: bool  # spread one host's GPUs over its ranks (single-host masters)
-    launch: Callable[[Any], Any]  # TaskSpec -> a launch backend
+    backend: Backend
+    addr: str  # the driver's address the ranks connect to
 
 
 def _count(name: str, value: Any) -> int:
@@ -365,20 +352,3 @@ def _summary(err: BaseException) -> str:
     if isinstance(err, _Terminated):
         return "the driver received SIGTERM"
     return f"{type(err).__name__}: {err}"
-
-
-def _active_spark_context() -> Any:
-    try:
-        from pyspark import SparkContext
-    except ImportError as exc:  # pragma: no cover - pyspark is part of the stack
-        raise RuntimeError(
-            "np>=0 needs pyspark; install it or use np<0 to run on the driver."
-        ) from exc
-    sc = SparkContext._active_spark_context
-    if sc is None:
-        raise RuntimeError(
-            "np>=0 runs on Spark executors but there is no active SparkSession. Create one "
-            "first (e.g. hvdrunner.spark.local_session() locally; on Databricks it exists), "
-            "or pass np<0 to run on the driver only."
-        )
-    return sc

@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import threading
-import traceback
 
 from hvdrunner._launch.task import TaskSpec, run_slot
+from hvdrunner._logging import get_logger
+
+_log = get_logger()
 
 
 class LocalLaunch:
@@ -24,7 +26,7 @@ class LocalLaunch:
         try:
             run_slot(spec, partition, "127.0.0.1", [])
         except BaseException as exc:  # noqa: BLE001 - surfaced through error()
-            traceback.print_exc()
+            _log.debug(f"driver slot {partition} failed", exc_info=True)
             self._error = exc
 
     def start(self) -> None:
@@ -37,3 +39,26 @@ class LocalLaunch:
     def stop(self, cancel: bool) -> None:
         for t in self._threads:
             t.join(timeout=30)
+
+
+class LocalBackend:
+    """:class:`~hvdrunner._launch.backend.Backend` of ``np < 0``: driver processes."""
+
+    where = "driver processes"
+    bind = "127.0.0.1"
+    spread_host_gpus = True
+
+    def slots(self) -> int:  # pragma: no cover - np=0 never reaches the local backend
+        raise ValueError("np=0 counts a Spark cluster's task slots; on the driver pass np=-N.")
+
+    def preflight(self, np: int, min_np: int | None, wait_s: float) -> None:
+        """Nothing to check: the driver starts its processes itself."""
+
+    def slots_for_restart(self, np: int, min_np: int | None, wait_s: float) -> int:
+        return np
+
+    def driver_address(self) -> str:
+        return "127.0.0.1"
+
+    def launch(self, np: int, spec: TaskSpec) -> LocalLaunch:
+        return LocalLaunch(np, spec)

@@ -1,4 +1,5 @@
-"""Start one supervisor per rank on Spark barrier tasks (``np > 0``)."""
+"""The classic backend: one supervisor per rank on the barrier tasks of an RDD stage, on a
+SparkContext in this process (``np >= 0``; a Spark Connect session has its own backend)."""
 
 from __future__ import annotations
 
@@ -144,16 +145,21 @@ def driver_address(sc: Any) -> str:
     return socket.gethostbyname(host)
 
 
+def run_barrier_slot(spec: TaskSpec) -> int:
+    """Inside a barrier task (an RDD's or a DataFrame's): this task's slot, from its context."""
+    from pyspark import BarrierTaskContext
+
+    ctx = BarrierTaskContext.get()
+    partition = ctx.partitionId()
+    address = ctx.getTaskInfos()[partition].address.rsplit(":", 1)[0]
+    resources = ctx.resources()
+    gpus = list(resources["gpu"].addresses) if "gpu" in resources else []
+    return run_slot(spec, partition, address, gpus)
+
+
 def _barrier_task(spec: TaskSpec) -> Any:
     def task(_: Iterator[Any]) -> Iterator[int]:
-        from pyspark import BarrierTaskContext
-
-        ctx = BarrierTaskContext.get()
-        partition = ctx.partitionId()
-        address = ctx.getTaskInfos()[partition].address.rsplit(":", 1)[0]
-        resources = ctx.resources()
-        gpus = list(resources["gpu"].addresses) if "gpu" in resources else []
-        yield run_slot(spec, partition, address, gpus)
+        yield run_barrier_slot(spec)
 
     return task
 
@@ -188,3 +194,39 @@ class SparkLaunch:
         if cancel:
             self._sc.cancelJobGroup(self._group)
         self._thread.join(timeout=30 if cancel else None)
+
+
+class ClassicBackend:
+    """:class:`~hvdrunner._launch.backend.Backend` on this process's SparkContext."""
+
+    bind = "0.0.0.0"
+
+    def __init__(self, sc: Any) -> None:
+        self._sc = sc
+        self.where = f"Spark barrier tasks ({sc.master})"
+        self.spread_host_gpus = str(sc.master).startswith("local")
+
+    @classmethod
+    def active(cls) -> ClassicBackend | None:
+        """The backend of this process's active SparkContext, or None without one."""
+        try:
+            from pyspark import SparkContext
+        except ImportError:  # pragma: no cover - pyspark is part of every stack
+            return None
+        sc = SparkContext._active_spark_context
+        return None if sc is None else cls(sc)
+
+    def slots(self) -> int:
+        return task_slots(self._sc)[0]
+
+    def preflight(self, np: int, min_np: int | None, wait_s: float) -> None:
+        preflight(self._sc, np, wait_s=wait_s)
+
+    def slots_for_restart(self, np: int, min_np: int | None, wait_s: float) -> int:
+        return slots_for_restart(self._sc, np, min_np, wait_s)
+
+    def driver_address(self) -> str:
+        return driver_address(self._sc)
+
+    def launch(self, np: int, spec: TaskSpec) -> SparkLaunch:
+        return SparkLaunch(self._sc, np, spec)

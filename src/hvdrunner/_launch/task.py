@@ -127,7 +127,16 @@ def run_slot(spec: TaskSpec, partition: int, address: str, task_gpus: Sequence[s
     from horovod.runner.common.util.host_hash import host_hash
 
     host = host_hash()
-    channel = protocol.connect(spec.driver_addr, spec.driver_port, spec.key)
+    try:
+        channel = protocol.connect(spec.driver_addr, spec.driver_port, spec.key)
+    except OSError as exc:
+        raise RuntimeError(
+            f"this task (host {socket.gethostname()}) cannot reach the driver service at "
+            f"{spec.driver_addr}:{spec.driver_port} ({exc}): the ranks connect back to the "
+            f"process that called HorovodRunner.run(). Classic Spark: set spark.driver.host to "
+            f"an address the workers reach. Spark Connect: run the notebook on the cluster, or "
+            f"set HVDRUNNER_DRIVER_ADDRESS to an address of that process the workers reach."
+        ) from exc
     try:  # this host's address towards the driver: names it, and picks its interface
         ip = local_ip_towards(spec.driver_addr, spec.driver_port)
     except OSError:

@@ -30,9 +30,11 @@ def input_identity(df: Any) -> list[tuple[str, int, int]] | None:
         >>> input_identity(spark.read.parquet("/data/x"))  # doctest: +SKIP
         [('file:/data/x/part-0.parquet', 1234, 1700000000000)]
     """
+    files = sorted(df.inputFiles())
+    if is_connect(df):
+        return _connect_identity(df, files)
     jvm = df.sparkSession.sparkContext._jvm
     conf = df.sparkSession.sparkContext._jsc.hadoopConfiguration()
-    files = sorted(df.inputFiles())
     out = []
     for f in files:
         path = jvm.org.apache.hadoop.fs.Path(f)
@@ -47,11 +49,29 @@ def input_identity(df: Any) -> list[tuple[str, int, int]] | None:
     return None
 
 
+def is_connect(df: Any) -> bool:
+    """Whether ``df`` belongs to a Spark Connect session (no JVM, no RDD in this process)."""
+    return type(df).__module__.startswith("pyspark.sql.connect")
+
+
+def _connect_identity(df: Any, files: list[str]) -> list[tuple[str, int, int]] | None:
+    """:func:`input_identity` from a Spark Connect session: the files' sizes and times as
+    the cluster sees them (their metadata columns only; no content is read). A plan
+    without input files is never called unchanged here: its leaves cannot be read."""
+    if not files:
+        return None
+    from pyspark.sql import functions as F
+
+    meta = df.sparkSession.read.format("binaryFile").load(files)
+    rows = meta.select("path", "length", F.unix_millis("modificationTime").alias("ms")).collect()
+    return sorted((str(r["path"]), int(r["length"]), int(r["ms"])) for r in rows)
+
+
 def cache_key(
     df: Any, columns: Sequence[str], dtype: str | None, shapes: dict[str, Any], inputs: Any,
     options: dict[str, str] | None = None, pad: dict[str, int] | None = None,
 ) -> str:  # fmt: skip
-    plan = df._jdf.queryExecution().analyzed().semanticHash()
+    plan = df.semanticHash()  # the analyzed plan's, as Spark computes it (classic or Connect)
     parts = [
         _FORMAT,
         int(plan),

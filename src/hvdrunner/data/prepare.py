@@ -180,7 +180,7 @@ def _materialize(
     wanted, fields, kinds = _check_columns(df, feats, label, shapes)
     pad = pad or {}
     check_pad(pad, kinds)
-    loc = _check_location(cache_dir, str(df.sparkSession.sparkContext.master), shared)
+    loc = _check_location(cache_dir, str(df.sparkSession.conf.get("spark.master")), shared)
     options = options or {}
     key, final, existing = _cached(df, wanted, dtype, shapes, loc, refresh, options, pad)
     if existing is not None:
@@ -296,8 +296,9 @@ def _write(
     loc, final = where
     tmp = loc.join(f".tmp-{key}-{uuid.uuid4().hex[:8]}")
     target_parts = max(1, math.ceil(num_rows / per_file))
-    if selected.rdd.getNumPartitions() > target_parts:
-        selected = selected.coalesce(target_parts)
+    # Fewer partitions than target_parts stay as they are (coalesce never adds any); no
+    # RDD is read, so a Spark Connect DataFrame takes the same path.
+    selected = selected.coalesce(target_parts)
     _log.info(f"writing {num_rows} rows to {final.spark_url}")
     try:
         writer = selected.write.option("maxRecordsPerFile", per_file).options(**options)

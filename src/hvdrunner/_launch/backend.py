@@ -1,0 +1,68 @@
+"""The launch-backend seam: where a job's ranks run, behind one protocol.
+
+The runner asks a :class:`Backend` how many ranks it can start, checks it before launching,
+and hands it a :class:`~hvdrunner._launch.task.TaskSpec`; the backend starts one
+:func:`~hvdrunner._launch.task.run_slot` per rank and returns a :class:`Launch`. Everything
+else - registration, rendezvous, heartbeats, the verdict - is the driver service's and the
+same for every backend. Adding a backend is one module implementing :class:`Backend` and one
+line in :mod:`hvdrunner._launch.backends`.
+"""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+from hvdrunner._launch.task import TaskSpec
+
+
+class Launch(Protocol):
+    """One attempt's ranks, started in the background."""
+
+    def start(self) -> None:
+        """Start the ranks; returns at once."""
+
+    def error(self) -> BaseException | None:
+        """Why the launch itself failed (a Spark job error), or None while it has not."""
+
+    def stop(self, cancel: bool) -> None:
+        """Wait for the launch to end, cancelling it first when the job failed."""
+
+
+class Backend(Protocol):
+    """Where ranks run: driver processes, Spark barrier tasks, a Spark Connect session."""
+
+    #: For logs and errors: "Spark barrier tasks (local[2])".
+    where: str
+    #: The address the driver service listens on ("0.0.0.0" when ranks are elsewhere).
+    bind: str
+    #: Spread one host's GPUs over its ranks (single-host masters, driver processes).
+    spread_host_gpus: bool
+
+    def slots(self) -> int:
+        """Every task slot of the cluster: ``np=0``'s rank count.
+
+        Raises:
+            ValueError: the count cannot be known from here (naming what to pass instead).
+        """
+
+    def preflight(self, np: int, min_np: int | None, wait_s: float) -> None:
+        """Fail before launching when ``np`` ranks cannot start at once (or ``min_np``
+        cannot be honoured), after waiting up to ``wait_s`` for the cluster to come up.
+
+        Raises:
+            ValueError: too few slots, or an argument this backend cannot serve.
+            RuntimeError: the cluster cannot run gang-scheduled tasks at all.
+        """
+
+    def slots_for_restart(self, np: int, min_np: int | None, wait_s: float) -> int:
+        """How many ranks a restart runs with, once they are free (at most ``wait_s``).
+
+        Raises:
+            ValueError: fewer free slots than ``min_np`` (or ``np``) after ``wait_s``.
+        """
+
+    def driver_address(self) -> str:
+        """The driver service's address as the ranks' hosts reach it (an IP)."""
+
+    def launch(self, np: int, spec: TaskSpec) -> Launch:
+        """A :class:`Launch` of ``np`` slots running ``spec``; not started yet."""

@@ -1,0 +1,36 @@
+"""Which :class:`~hvdrunner._launch.backend.Backend` a job runs on.
+
+``np < 0``: driver processes. Otherwise the first backend whose session is active, in the
+order of :data:`_SESSION_BACKENDS`: a Spark Connect session before a SparkContext (a process
+may hold both - a local Connect server's host - and the session the user holds is the one
+they mean). A new backend is one module with a ``Backend.active()`` and a line here.
+"""
+
+from __future__ import annotations
+
+from hvdrunner._launch.backend import Backend
+from hvdrunner._launch.connect_backend import ConnectBackend
+from hvdrunner._launch.local_backend import LocalBackend
+from hvdrunner._launch.spark_backend import ClassicBackend
+
+_SESSION_BACKENDS = (ConnectBackend, ClassicBackend)
+
+
+def choose(np: int) -> Backend:
+    """The backend for ``np`` (see the module's docstring).
+
+    Raises:
+        RuntimeError: ``np >= 0`` without an active SparkSession (classic or Connect).
+    """
+    if np < 0:
+        return LocalBackend()
+    for kind in _SESSION_BACKENDS:
+        backend = kind.active()
+        if backend is not None:
+            return backend
+    raise RuntimeError(
+        "np>=0 runs on Spark executors but there is no active SparkSession. Create one "
+        "first (e.g. hvdrunner.spark.local_session() locally; on Databricks it exists; "
+        "SparkSession.builder.remote(...) for Spark Connect), or pass np<0 to run on the "
+        "driver only."
+    )

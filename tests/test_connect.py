@@ -1,0 +1,151 @@
+"""HorovodRunner from a Spark Connect session (the Connect launch backend): the unchanged
+horovod.torch recipe, ``prepare()`` and the converter, ``fit`` with its MLflow run, a failing
+rank named with its exception, a restart after a SIGKILL, and what a Connect client cannot
+serve refused before launch. A real Connect server (its own JVM, local[2]) and real ranks
+over gloo; the test process talks to Spark only through the Connect client."""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import time
+
+import mlflow
+import numpy as np
+import pandas as pd
+import pytest
+from helpers.connect_server import client_session, connect_server
+from test_restarts_fit import TORCH_FIT, torch_fit_with_fault
+from test_torch_recipe import linear_data, standard_recipe
+
+from hvdrunner import HorovodRunner, HorovodRunnerError
+from hvdrunner.data import prepare
+
+pytestmark = pytest.mark.torch
+
+
+@pytest.fixture(scope="module")
+def connect(tmp_path_factory):
+    """A Connect client session to a fresh local[2] server, active while the module runs."""
+    with connect_server(tmp_path_factory.mktemp("connect")) as url:
+        session = client_session(url)
+        try:
+            yield session
+        finally:
+            session.stop()
+
+
+@pytest.fixture(scope="module")
+def digits(connect, tmp_path_factory):
+    """prepare() on a Connect DataFrame: equal shards, verified like the classic path's."""
+    from sklearn.datasets import load_digits
+
+    x, y = load_digits(return_X_y=True)
+    frame = pd.DataFrame({"pixels": (x[:1024] / 16.0).astype("float32").tolist(),
+                          "label": y[:1024].astype("int64")})  # fmt: skip
+    return prepare(connect.createDataFrame(frame), features="pixels", label="label",
+                   cache_dir=str(tmp_path_factory.mktemp("digits")))  # fmt: skip
+
+
+def _launched_over_connect(caplog: pytest.LogCaptureFixture) -> bool:
+    return any("over Spark Connect (local[2])" in r.getMessage() for r in caplog.records)
+
+
+@pytest.mark.timeout(240)
+def test_the_unchanged_recipe_runs_from_a_connect_session(connect, tmp_path, caplog):
+    caplog.set_level(logging.INFO, logger="hvdrunner")
+    x, y = linear_data()
+    out = HorovodRunner(np=2).run(standard_recipe, ckpt=str(tmp_path / "m.pt"), batch=16,
+                                  rows=x, targets=y, epochs=2)  # fmt: skip
+    assert _launched_over_connect(caplog)
+    rank0, rank1 = out["every_rank"]
+    for a, b in zip(rank0, rank1, strict=True):
+        np.testing.assert_array_equal(np.array(a), np.array(b))  # bit-identical on both ranks
+    assert not np.allclose(np.array(rank0[0]), np.array(out["initial"][0]), atol=1e-3)
+
+
+def test_prepare_from_connect_writes_equal_verified_shards(digits):
+    assert digits.num_rows == 1024 and sum(n for _, n in digits.files) == 1024
+    assert [c.name for c in digits.columns] == ["pixels", "label"]
+
+
+def test_the_converter_from_connect_reads_every_row(connect, tmp_path):
+    from hvdrunner.petastorm.spark import SparkDatasetConverter, make_spark_converter
+
+    connect.conf.set(SparkDatasetConverter.PARENT_CACHE_DIR_URL_CONF, f"file://{tmp_path}")
+    frame = connect.createDataFrame(pd.DataFrame({"x": np.arange(40.0), "y": np.arange(40)}))
+    converter = make_spark_converter(frame)
+    assert len(converter) == 40
+    with converter.make_torch_dataloader(batch_size=8, num_epochs=1) as loader:
+        seen = sorted(float(v) for batch in loader for v in batch["x"])
+    assert seen == list(np.arange(40.0))
+
+
+@pytest.mark.timeout(300)
+def test_fit_restarts_after_a_sigkill_into_one_finished_run(connect, digits, store, tmp_path):
+    with mlflow.start_run() as run:
+        result = HorovodRunner(np=2, max_restarts=1).run(
+            torch_fit_with_fault, fault="rank1-in-epoch4", data=digits,
+            checkpoint_dir=str(tmp_path / "ckpt"), checkpoint_every=2, **TORCH_FIT,
+        )  # fmt: skip
+    assert result.initial_epoch == 2 and result.num_ranks == 2
+    got = mlflow.get_run(run.info.run_id)
+    assert got.info.status == "FINISHED" and got.data.tags["hvdrunner.restarts"] == "1"
+    assert "SIGKILL" in got.data.tags["hvdrunner.attempt.1"]
+    assert result.history["accuracy"][-1] > 0.8
+
+
+def fails_on_rank1() -> int:
+    import horovod.torch as hvd
+
+    hvd.init()
+    if hvd.rank() == 1:
+        raise ValueError("bad shard on rank 1")
+    hvd.allreduce_(__import__("torch").zeros(1), name="never-completes")
+    return 0
+
+
+@pytest.mark.timeout(120)
+def test_a_failing_rank_is_named_with_its_exception_and_the_stage_is_interrupted(connect):
+    started = time.monotonic()
+    with pytest.raises(HorovodRunnerError) as info:
+        HorovodRunner(np=2, stall_timeout=60).run(fails_on_rank1)
+    assert info.value.rank == 1 and "ValueError: bad shard on rank 1" in str(info.value)
+    assert time.monotonic() - started < 60  # the failure, not the stall bound, ended it
+    # The interrupted stage gave its slots back: the next job starts at once.
+    assert HorovodRunner(np=2).run(os.getpid) > 0
+
+
+def sigkill_rank1_in_attempt_1() -> int:
+    import horovod.torch as hvd
+    import torch
+
+    from hvdrunner.distributed import attempt
+
+    hvd.init()
+    if attempt() == 1 and hvd.rank() == 1:
+        os.kill(os.getpid(), signal.SIGKILL)
+    hvd.allreduce(torch.ones(1), name="both-ranks")  # rank 0 waits here for rank 1
+    return attempt()
+
+
+@pytest.mark.timeout(180)
+def test_a_restart_from_connect_runs_the_function_again(connect):
+    assert HorovodRunner(np=2, max_restarts=1).run(sigkill_rank1_in_attempt_1) == 2
+
+
+@pytest.mark.parametrize(
+    "runner,error",
+    [
+        (lambda: HorovodRunner(np=3), "np=3 needs 3 Spark tasks at once, but the cluster offers 2"),
+        (lambda: HorovodRunner(np=2, max_restarts=1, min_np=1),
+         "min_np=1 needs the cluster's free task slots, which a Spark Connect session cannot"),
+    ],
+    ids=["too-many-ranks", "min_np"],
+)
+def test_what_connect_cannot_serve_is_refused_before_launch(connect, runner, error):
+    started = time.monotonic()
+    with pytest.raises(ValueError, match=error):
+        runner().run(os.getpid)
+    assert time.monotonic() - started < 10
