@@ -8,8 +8,10 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 import signal
 import time
+from pathlib import Path
 
 import mlflow
 import numpy as np
@@ -23,6 +25,7 @@ from hvdrunner import HorovodRunner, HorovodRunnerError
 from hvdrunner.data import prepare
 
 pytestmark = pytest.mark.torch
+DOC = Path(__file__).resolve().parents[1] / "docs" / "connect.md"
 
 
 @pytest.fixture(scope="module")
@@ -149,3 +152,13 @@ def test_what_connect_cannot_serve_is_refused_before_launch(connect, runner, err
     with pytest.raises(ValueError, match=error):
         runner().run(os.getpid)
     assert time.monotonic() - started < 10
+
+
+@pytest.mark.timeout(120)
+def test_the_docs_example_runs_over_connect(connect, caplog):
+    caplog.set_level(logging.INFO, logger="hvdrunner")
+    block = re.search(r"```python\n(.*?)```", DOC.read_text(), re.S)
+    assert block is not None
+    scope: dict = {"spark": connect, "__name__": "__main__"}  # train pickled by value
+    exec(compile(block.group(1), str(DOC), "exec"), scope)  # noqa: S102 - the page's own code
+    assert scope["result"] == pytest.approx(0.2) and _launched_over_connect(caplog)
