@@ -17,12 +17,12 @@ import mlflow
 import numpy as np
 import pandas as pd
 import pytest
-from helpers.connect_server import client_session, connect_server
-from test_restarts_fit import TORCH_FIT, torch_fit_with_fault
-from test_torch_recipe import linear_data, standard_recipe
 
+from helpers.connect_server import client_session, connect_server
 from hvdrunner import HorovodRunner, HorovodRunnerError
 from hvdrunner.data import prepare
+from test_restarts_fit import TORCH_FIT, torch_fit_with_fault
+from test_torch_recipe import linear_data, standard_recipe
 
 pytestmark = pytest.mark.torch
 DOC = Path(__file__).resolve().parents[1] / "docs" / "connect.md"
@@ -142,8 +142,10 @@ def test_a_restart_from_connect_runs_the_function_again(connect):
     "runner,error",
     [
         (lambda: HorovodRunner(np=3), "np=3 needs 3 Spark tasks at once, but the cluster offers 2"),
-        (lambda: HorovodRunner(np=2, max_restarts=1, min_np=1),
-         "min_np=1 needs the cluster's free task slots, which a Spark Connect session cannot"),
+        (
+            lambda: HorovodRunner(np=2, max_restarts=1, min_np=1),
+            "min_np=1 needs the cluster's free task slots, which a Spark Connect session cannot",
+        ),
     ],
     ids=["too-many-ranks", "min_np"],
 )

@@ -87,8 +87,9 @@ def test_the_import_graph_has_no_cycle():
         # moved to the adapters); tracking imports no core
         ("hvdrunner.core", ("hvdrunner.keras", "hvdrunner.torch", "hvdrunner._launch",
                             "hvdrunner.runner", "hvdrunner.data")),
-        ("hvdrunner.torch", ("hvdrunner.keras", "hvdrunner.hvd_keras")),
-        ("hvdrunner.keras", ("hvdrunner.torch",)),
+        # the adapters on one layer; the petastorm drop-in above both (it may use them)
+        ("hvdrunner.torch", ("hvdrunner.keras", "hvdrunner.hvd_keras", "hvdrunner.petastorm")),
+        ("hvdrunner.keras", ("hvdrunner.torch", "hvdrunner.petastorm")),
         ("hvdrunner._launch", ("hvdrunner.keras", "hvdrunner.torch", "hvdrunner.tracking")),
         ("hvdrunner.data", ("hvdrunner.keras", "hvdrunner.torch", "hvdrunner.petastorm")),
         ("hvdrunner.tracking", ("hvdrunner.keras", "hvdrunner.torch", "hvdrunner._launch")),
@@ -156,3 +157,35 @@ def test_frameworks_are_imported_only_in_their_adapters():
     assert not outside, f"framework imports outside the adapters: {outside}"
     for home in FRAMEWORK_HOMES:  # each exception still needs its framework (or goes)
         assert _framework_imports(SRC / (home.replace(".", "/") + ".py")), home
+
+
+#: The one module that writes to stdout/stderr itself; everything else speaks through the
+#: `hvdrunner` logger or through it (docs/architecture.md: one voice).
+CONSOLE = "hvdrunner._console"
+
+
+def _console_writes(path: Path) -> list[str]:
+    """``print(...)``, ``traceback.print_exc()`` and ``sys.std{out,err}.write`` calls."""
+    out = []
+    for node in ast.walk(ast.parse(path.read_text())):
+        if not isinstance(node, ast.Call):
+            continue
+        f = node.func
+        if isinstance(f, ast.Name) and f.id == "print":
+            out.append(f"{path.name}:{node.lineno}: print")
+        elif isinstance(f, ast.Attribute) and f.attr in (
+            "print_exc",
+            "print_exception",
+            "print_stack",
+        ):
+            out.append(f"{path.name}:{node.lineno}: traceback.{f.attr}")
+        elif (isinstance(f, ast.Attribute) and f.attr == "write"
+              and isinstance(f.value, ast.Attribute) and f.value.attr in ("stdout", "stderr")):  # fmt: skip
+            out.append(f"{path.name}:{node.lineno}: sys.{f.value.attr}.write")
+    return out
+
+
+def test_library_code_has_one_voice():
+    found = [w for p in sorted(PKG.rglob("*.py")) if _module(p) != CONSOLE
+             for w in _console_writes(p)]  # fmt: skip
+    assert not found, f"write through the logger or hvdrunner._console.say: {found}"

@@ -1,5 +1,7 @@
-"""A process's own console output over a block, captured and replayed without what is not
-news: the lines of :mod:`hvdrunner._noise` a caller names, and progress bars.
+"""The console: the one place library code writes to stdout/stderr other than the logger
+(:func:`say`: a command's report, relayed rank output, a notebook's ``display``), and a
+process's own console output over a block, captured and replayed without what is not news:
+the lines of :mod:`hvdrunner._noise` a caller names, and progress bars.
 
 Used where a library prints at the C level or at import (TensorFlow's absl lines, MLflow's
 store migrations) and no logger setting can silence it: a Spark Python worker scoring a
@@ -17,6 +19,20 @@ import tempfile
 from collections.abc import Iterator, Sequence
 
 from hvdrunner._noise import noisy
+
+
+def say(text: str, *, err: bool = False, end: str = "\n") -> None:
+    """Write ``text`` to stdout (``err``: stderr) as they are now (notebooks and pytest swap
+    them), flushed: output a user asked for, not a log record.
+
+    Example:
+        >>> say("OK")
+        OK
+    """
+    stream = sys.stderr if err else sys.stdout
+    stream.write(text + end)
+    stream.flush()
+
 
 #: A framework's progress bar line: Keras 3 ``━━━``, Keras 2 ``6/6 [===>..]``.
 PROGRESS = re.compile(r"━|\d+/\d+ \[[=>.]+\]")
@@ -51,4 +67,4 @@ def replayed_without(markers: Sequence[str], progress_bars: bool = False) -> Ite
                 and not (progress_bars and PROGRESS.search(line))
             ]  # fmt: skip
             if shown:
-                sys.stderr.write("\n".join(shown) + "\n")
+                say("\n".join(shown), err=True)

@@ -9,6 +9,8 @@ import sys
 import threading
 from collections.abc import Callable
 
+from hvdrunner._console import say
+
 #: sparkdl's limit: longer messages are truncated.
 MAX_MESSAGE_CHARS = 4000
 
@@ -42,14 +44,14 @@ def log_to_driver(message: str) -> None:
     with _lock:
         send = _channel
     if send is None:
-        print(text, flush=True)
+        say(text)
         return
     rank = int(os.environ.get("HOROVOD_RANK", "0"))
     try:
         send(rank, text)
     except OSError:
         # The supervisor is gone (job aborted); the message would go nowhere anyway.
-        print(text, file=sys.stderr, flush=True)
+        say(text, err=True)
 
 
 # -- hvdrunner's own voice on the driver -----------------------------------------------------

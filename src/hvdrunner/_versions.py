@@ -22,6 +22,12 @@ import os
 LEGACY_ENV = "TF_USE_LEGACY_KERAS"
 BACKEND_ENV = "KERAS_BACKEND"
 
+# -- the frameworks hvdrunner knows, named once -------------------------------------------
+#: Horovod's framework modules a rank may initialise (hvdrunner.hvd_keras uses one of them).
+HOROVOD_FRAMEWORKS = ("horovod.torch", "horovod.tensorflow")
+#: Packages a stalled rank counts as "inside a library" in (the stall's report).
+LIBRARY_PACKAGES = ("tensorflow", "keras", "tf_keras", "torch", "horovod")
+
 
 def version(dist: str) -> str | None:
     """The installed version of distribution ``dist``, or ``None``."""

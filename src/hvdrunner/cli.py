@@ -8,6 +8,8 @@ import logging
 import os
 import sys
 
+from hvdrunner._console import say
+
 #: The demo's chain per framework: 01 and 03 are shared, 02 is the framework's training.
 DEMO_NOTEBOOKS = {
     framework: ("01_prepare_data.py", f"02_train_{framework}.py", "03_batch_inference.py")
@@ -79,9 +81,9 @@ def _demo(args: argparse.Namespace) -> int:
     paths = [os.path.join(args.notebooks, name) for name in DEMO_NOTEBOOKS[args.framework]]
     missing = [p for p in paths if not os.path.isfile(p)]
     if missing:
-        print(
+        say(
             f"ERROR: notebooks not found: {missing}; pass --notebooks DIR (the repo's notebooks/)",
-            file=sys.stderr,
+            err=True,
         )
         return 2
     values = os.path.join(args.workdir, "task_values.json")
@@ -98,7 +100,7 @@ def _demo(args: argparse.Namespace) -> int:
     for item in args.param:
         key, sep, value = item.partition("=")
         if not sep or not key:
-            print(f"ERROR: --param {item!r}: expected WIDGET=VALUE", file=sys.stderr)
+            say(f"ERROR: --param {item!r}: expected WIDGET=VALUE", err=True)
             return 2
         params[key] = value  # a widget no notebook defines is refused by notebook.run
     code = notebook.run(paths, params, values, args.master)
@@ -106,10 +108,10 @@ def _demo(args: argparse.Namespace) -> int:
         return code
     with open(values) as f:
         out = json.load(f)
-    print("\n==== hvdrunner demo ====")
-    print(f"test accuracy: {out['batch_inference']['test_accuracy']:.3f}")
-    print(f"MLflow run id: {out[f'train_{args.framework}']['run_id']}")
-    print(f"view it:       mlflow ui --backend-store-uri {mlflow.get_tracking_uri()}")
+    say("\n==== hvdrunner demo ====")
+    say(f"test accuracy: {out['batch_inference']['test_accuracy']:.3f}")
+    say(f"MLflow run id: {out[f'train_{args.framework}']['run_id']}")
+    say(f"view it:       mlflow ui --backend-store-uri {mlflow.get_tracking_uri()}")
     return 0
 
 

@@ -16,6 +16,8 @@ import sys
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any, TypeVar
 
+from hvdrunner import _versions
+
 F = TypeVar("F", bound=Callable[..., Any])
 
 
@@ -123,7 +125,7 @@ def shutdown() -> None:
 def _initialized() -> list[Any]:
     """The Horovod framework modules this rank initialised; none is imported here, so a torch
     job needs no TensorFlow (and a Keras job no torch)."""
-    modules = (sys.modules.get(name) for name in ("horovod.torch", "horovod.tensorflow"))
+    modules = (sys.modules.get(name) for name in _versions.HOROVOD_FRAMEWORKS)
     return [m for m in modules if m is not None and m.is_initialized()]
 
 

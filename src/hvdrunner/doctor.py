@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from hvdrunner import _versions, multihost
+from hvdrunner._console import say
 
 
 @dataclass(frozen=True)
@@ -293,11 +294,9 @@ def run_doctor(master: str | None = None, quiet: bool = False) -> int:
         mark = {True: "[x]", False: "[ ]", None: "[-]"}[c.ok]
         bad = c.ok is False and c.required
         if bad or not quiet:
-            print(f"{mark} {c.name}: {c.detail}")
+            say(f"{mark} {c.name}: {c.detail}")
         if c.ok is False and (bad or not quiet):
-            print(f"      fix: {c.fix}")
+            say(f"      fix: {c.fix}")
         failed += bad
-    print(
-        f"{'' if quiet else chr(10)}{'OK' if not failed else f'{failed} required check(s) failed'}"
-    )
+    say(f"{'' if quiet else chr(10)}{'OK' if not failed else f'{failed} required check(s) failed'}")
     return 1 if failed else 0

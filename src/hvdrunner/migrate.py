@@ -21,10 +21,11 @@ import difflib
 import json
 import os
 import re
-import sys
 import tempfile
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+
+from hvdrunner._console import say
 
 
 @dataclass(frozen=True)
@@ -244,21 +245,21 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         files = _notebooks(args.paths)
     except FileNotFoundError as exc:
-        print(f"ERROR: {exc}", file=sys.stderr)
+        say(f"ERROR: {exc}", err=True)
         return 2
     changed = hand = 0
     for path in files:
         before, report = migrate_file(path)
         if report.rewritten:
             changed += 1
-            print(report.diff(before), end="")
+            say(report.diff(before), end="")
             if args.write:
                 _write(path, report.text)
         for f in report.manual:
             hand += 1
-            print(f"{path}:{f.line}: needs a hand: {f.what}: `{f.text}`\n    fix: {f.fix}")
+            say(f"{path}:{f.line}: needs a hand: {f.what}: `{f.text}`\n    fix: {f.fix}")
     verb = "rewrote" if args.write else "would rewrite (dry run; --write applies)"
-    print(
+    say(
         f"hvdrunner migrate: {len(files)} notebook(s); {verb} {changed}; {hand} line(s) need a hand"
     )
     return 0

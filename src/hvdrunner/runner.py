@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from hvdrunner import _noise, _versions, tracking
+from hvdrunner._checks import is_int, is_number
 from hvdrunner._launch import backends, restarts, verdict
 from hvdrunner._launch.backend import Backend, Launch
 from hvdrunner._logging import get_logger
@@ -37,7 +38,7 @@ def _local_pythonpath() -> tuple[str, ...]:
 
 
 def _seconds(name: str, value: Any) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0:
+    if not is_number(value, above=0):
         raise ValueError(f"{name} must be a positive number of seconds, got {value!r}.")
     return float(value)
 
@@ -133,7 +134,7 @@ class HorovodRunner:
         max_restarts: int = 0,
         min_np: int | None = None,
     ) -> None:
-        if isinstance(np, bool) or not isinstance(np, int):
+        if not is_int(np):
             raise ValueError(
                 f"np must be an int, got {np!r} ({type(np).__name__}). Pass np=N for N Spark "
                 f"tasks (one Horovod rank each), np=0 for every task slot of the cluster, or "
@@ -172,8 +173,8 @@ class HorovodRunner:
                 f"main must be a callable (your training function), got {type(main).__name__}."
             )
         preflight = getattr(main, "hvdrunner_preflight", None)
-        if preflight is not None:  # e.g. hvdrunner.keras.fit: its arguments checked here
-            preflight(**kwargs)
+        if preflight is not None:  # e.g. hvdrunner.keras.fit: its arguments checked here,
+            kwargs = preflight(**kwargs) or kwargs  # and the validated ones sent to the ranks
         payload = dumps_payload(main, kwargs)  # before any process or Spark job starts
         track_env = tracking.driver_context()
         secrets = secrets_in(track_env)
@@ -249,7 +250,7 @@ class HorovodRunner:
             rank_setup=("hvdrunner._import_guard:install_import_guard",),
             # Leave the gloo ring in order, so peers still working see no 'connection reset'.
             rank_teardown=("hvdrunner.distributed:shutdown",),
-            library_dirs=("tensorflow", "keras", "tf_keras", "torch", "horovod"),
+            library_dirs=_versions.LIBRARY_PACKAGES,
         )
         _log.info(f"launching {target.np} Horovod ranks on {target.backend.where}"
                   + (f" (attempt {number})" if number > 1 else ""))  # fmt: skip
@@ -323,7 +324,7 @@ class _Target:
 
 
 def _count(name: str, value: Any) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+    if not is_int(value, at_least=0):
         raise ValueError(f"{name} must be an int >= 0, got {value!r}.")
     return value
 
@@ -332,7 +333,7 @@ def _check_min_np(min_np: Any, np: int, max_restarts: int) -> int | None:
     """``min_np``: None, or 1 <= min_np <= np for Spark jobs (np > 0) with restarts."""
     if min_np is None:
         return None
-    if isinstance(min_np, bool) or not isinstance(min_np, int) or min_np < 1:
+    if not is_int(min_np, at_least=1):
         raise ValueError(f"min_np must be None or an int >= 1, got {min_np!r}.")
     if np <= 0 or min_np > np:
         raise ValueError(

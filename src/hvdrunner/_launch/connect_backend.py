@@ -62,7 +62,10 @@ def task_slots(spark: Any) -> tuple[int | None, str]:
     if m := _LOCAL_CLUSTER.fullmatch(master):
         slots = int(m.group(1)) * (int(m.group(2)) // cpus)
         return slots, f"master={master}, spark.task.cpus={cpus}"
-    instances, cores = _conf(spark, "spark.executor.instances"), _conf(spark, "spark.executor.cores")
+    instances, cores = (
+        _conf(spark, "spark.executor.instances"),
+        _conf(spark, "spark.executor.cores"),
+    )
     if instances and cores:
         slots = int(instances) * (int(cores) // cpus)
         why = f"spark.executor.instances={instances} x spark.executor.cores={cores}"

@@ -11,7 +11,6 @@ from __future__ import annotations
 import contextlib
 import queue
 import socket
-import sys
 import threading
 import time
 from collections.abc import Callable
@@ -22,6 +21,7 @@ from horovod.runner.common.util.hosts import HostInfo, get_host_assignments
 from horovod.runner.gloo_run import create_slot_env_vars
 from horovod.runner.http.http_server import RendezvousServer
 
+from hvdrunner._console import say
 from hvdrunner._launch import commits, protocol, rendezvous, verdict
 from hvdrunner._launch.job import JobState
 from hvdrunner._launch.verdict import lost_failure, rank_failure, stall_failure
@@ -245,7 +245,7 @@ class DriverService:
             host_timeout: seconds without a frame (beats every second) from a started
                 task before its host is declared lost (a cut network closes nothing).
         """
-        show = on_line or (lambda text: print(text, file=sys.stdout, flush=True))
+        show = on_line or say
 
         def emit(text: str) -> None:
             show(self._scrub(text))

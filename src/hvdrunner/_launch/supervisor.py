@@ -20,6 +20,7 @@ from typing import IO
 
 import psutil
 
+from hvdrunner._console import say
 from hvdrunner._launch import protocol
 from hvdrunner._launch.commits import COMMIT_FILE_ENV
 from hvdrunner._launch.worker import CONTROL_FD_ENV
@@ -99,7 +100,7 @@ class RankSupervisor:
                     self._forward = False  # driver gone; keep draining so the child never blocks
             else:
                 # Not streamed to the driver: keep it in this executor's own log.
-                print(f"[{self._rank}]<{name}>: {text}", file=sys.stderr, flush=True)
+                say(f"[{self._rank}]<{name}>: {text}", err=True)
         stream.close()
 
     def _pump_control(self, stream: IO[bytes]) -> None:

@@ -14,12 +14,12 @@ import importlib
 import os
 import signal
 import sys
-import traceback
 
 import cloudpickle
 
 from hvdrunner._launch import commits, protocol
 from hvdrunner._launch.protocol import PipeWriter, error_report
+from hvdrunner._logging import get_logger
 
 CONTROL_FD_ENV = "HVDRUNNER_CONTROL_FD"
 #: "module:function,..." the rank calls before the user's function (TaskSpec.rank_setup).
@@ -29,6 +29,9 @@ RANK_TEARDOWN_ENV = "HVDRUNNER_RANK_TEARDOWN"
 #: Folder names whose frames count as library code for the watchdog (TaskSpec.library_dirs).
 LIBRARY_DIRS_ENV = "HVDRUNNER_LIBRARY_DIRS"
 _PR_SET_PDEATHSIG = 1
+
+
+_log = get_logger()
 
 
 def _die_with_parent() -> None:
@@ -102,7 +105,7 @@ def main(payload_path: str) -> int:
     except BaseException as exc:  # noqa: BLE001 - every failure must reach the driver
         sys.stdout.flush()
         sys.stderr.flush()
-        traceback.print_exc()
+        _log.error(f"rank {rank}: the function raised", exc_info=True)
         control.send(protocol.RankError(error_report(exc)))
         return 1
     _run_hooks(RANK_TEARDOWN_ENV)  # e.g. leave Horovod's ring in order

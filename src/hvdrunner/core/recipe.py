@@ -125,7 +125,7 @@ def preflight(
 ) -> tuple[dict[str, Any], TrainingSettings]:  # fmt: skip
     """Driver side, before any rank starts: the inputs and the validated settings of ``fit``
     ``name``; a usable ``checkpoint_dir`` and registered model name. The framework then
-    checks its inputs."""
+    checks its inputs and hands :func:`validated` to the ranks."""
     missing = [k for k in ("build_model", "data") if k not in kwargs]
     if missing:
         raise TypeError(f"{name}() missing required argument(s): {', '.join(missing)}")
@@ -137,8 +137,16 @@ def preflight(
     return given, cfg
 
 
+def validated(inputs: dict[str, Any], cfg: TrainingSettings) -> dict[str, Any]:
+    """``fit``'s arguments as the ranks receive them: the inputs and the config the driver
+    validated (each rank uses it as it is: one validation per job)."""
+    return {**{k: v for k, v in inputs.items() if v is not None}, "config": cfg}
+
+
 def _name(spec: Any) -> Any:
     return getattr(spec, "__name__", spec)
 
 
-__all__ = ["Built", "Framework", "checkpoint_due", "preflight", "run", "save_checkpoint"]
+__all__ = [
+    "Built", "Framework", "checkpoint_due", "preflight", "run", "save_checkpoint", "validated",
+]  # fmt: skip

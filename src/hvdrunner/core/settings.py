@@ -25,12 +25,14 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
+from hvdrunner._checks import is_int, is_number
+
 C = TypeVar("C", bound="TrainingSettings")
 
 
 def check_passes(value: Any) -> None:
     """``backward_passes_per_step`` must be a positive int (1 = exchange every batch)."""
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+    if not is_int(value, at_least=1):
         raise ValueError(
             f"backward_passes_per_step must be an int >= 1 (1 = exchange every batch; N = "
             f"accumulate N batches locally, then exchange once), got {value!r}"
@@ -53,7 +55,7 @@ def check_named(kind: str, value: Any, names: tuple[str, ...], example: str) -> 
 
 
 def _positive_int(name: str, value: Any) -> None:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+    if not is_int(value, at_least=1):
         raise ValueError(f"{name} must be a positive int, got {value!r}")
 
 
@@ -126,9 +128,7 @@ class TrainingSettings:
             )
         for name in ("fusion_threshold_mb", "cycle_time_ms"):
             value = getattr(self, name)
-            if value is not None and (
-                isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0
-            ):
+            if value is not None and not is_number(value, at_least=0):
                 raise ValueError(
                     f"{name} must be a number >= 0 or None (Horovod's default), got {value!r}"
                 )
@@ -176,7 +176,8 @@ def make_config(
         raise TypeError(f"{fn_name}() got unexpected argument(s) {unknown}; see help({fn_name})")
     values: dict[str, Any] = {k: tuple(v) if k in tuples else v for k, v in settings.items()}
     if config is not None:
-        return dataclasses.replace(config, **values)
+        # A config validated once (on the driver, by fit's preflight) is used as it is.
+        return dataclasses.replace(config, **values) if values else config
     missing = [
         name
         for name, f in fields.items()

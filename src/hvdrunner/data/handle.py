@@ -17,6 +17,7 @@ from typing import Any
 
 import numpy as np
 
+from hvdrunner._checks import is_int
 from hvdrunner._logging import get_logger
 from hvdrunner.data import tf_feed
 from hvdrunner.data import transform as transforms
@@ -82,8 +83,7 @@ class PreparedData:
             raise ValueError(
                 f"features/label {unknown} are not columns of the transform's output {list(names)}"
             )
-        if workers is not None and (isinstance(workers, bool) or not isinstance(workers, int)
-                                    or workers < 1):  # fmt: skip
+        if workers is not None and not is_int(workers, at_least=1):
             raise ValueError(f"workers={workers!r} must be an int >= 1 (batches decoded at once)")
         return dataclasses.replace(
             self, transform=spec, features=tuple(feats), label=label,
@@ -310,3 +310,19 @@ def _memory_budget() -> int:
 
 
 __all__ = ["DEFAULT_CACHE_DIR", "PreparedData"]
+
+
+def prepared_behind(data: Any, features: str | None, label: str | None) -> PreparedData | None:
+    """The :class:`PreparedData` an input stands for: itself, or what a converter over
+    prepared files (:mod:`hvdrunner.petastorm`'s) names with ``prepared(features, label)``
+    (its column names checked there); None for anything else (a real Petastorm converter).
+    The adapters read converters through this, never through the converter's module.
+
+    Example:
+        >>> prepared_behind(converter, "features", "label").num_rows  # doctest: +SKIP
+        1437
+    """
+    if isinstance(data, PreparedData):
+        return data
+    prepared = getattr(data, "prepared", None)
+    return prepared(features or "", label) if callable(prepared) else None

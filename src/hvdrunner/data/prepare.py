@@ -12,6 +12,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from hvdrunner import _paths
+from hvdrunner._checks import is_int
 from hvdrunner._logging import get_logger
 from hvdrunner.data.cache import cache_key, file_rows, input_identity, load, verified
 from hvdrunner.data.handle import _FORMAT, _META, DEFAULT_CACHE_DIR, PreparedData
@@ -148,11 +149,7 @@ def _write_options(compression: str | None, row_group_bytes: int | None) -> dict
             )
         options["compression"] = compression.lower()
     if row_group_bytes is not None:
-        if (
-            isinstance(row_group_bytes, bool)
-            or not isinstance(row_group_bytes, int)
-            or (row_group_bytes < 1024)
-        ):
+        if not is_int(row_group_bytes, at_least=1024):
             raise ValueError(
                 f"row_group_bytes={row_group_bytes!r} must be an int of at least 1024 (bytes "
                 f"per Parquet row group), or None for Spark's default"

@@ -7,6 +7,7 @@ import math
 from collections.abc import Sequence
 from typing import Any
 
+from hvdrunner._checks import is_int
 from hvdrunner.data.reader import Column
 
 DTYPES = {"float32": "float", "float64": "double"}  # and None: each column's own
@@ -181,7 +182,7 @@ def check_pad(pad: dict[str, Any], kinds: dict[str, tuple[str, int]]) -> None:
                 f"pad names {name!r}, which is not a feature or label column holding arrays of "
                 f"numbers (one level): pad pads token-id arrays"
             )
-        if isinstance(length, bool) or not isinstance(length, int) or length < 1:
+        if not is_int(length, at_least=1):
             raise ValueError(
                 f"pad[{name!r}]={length!r} must be a positive int (the length to pad with 0 "
                 f"or cut to)"

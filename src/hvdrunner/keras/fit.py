@@ -15,6 +15,7 @@ import numpy as np
 
 from hvdrunner.core import recipe, schedule, settings
 from hvdrunner.core.settings import fit_signature, horovod_env
+from hvdrunner.data.handle import prepared_behind
 from hvdrunner.distributed import is_rank0
 from hvdrunner.keras import backend, compat
 from hvdrunner.keras import callbacks as hk_callbacks
@@ -23,7 +24,6 @@ from hvdrunner.keras.config import INPUTS, FitConfig, FitResult, make_config
 from hvdrunner.keras.inputs import is_petastorm_converter, prepared_input, training_input
 from hvdrunner.keras.models import log_model
 from hvdrunner.keras.optimizer import distribute
-from hvdrunner.petastorm.spark import SparkDatasetConverter
 
 __all__ = ["FitConfig", "FitResult", "fit"]
 
@@ -256,11 +256,13 @@ def _head(structure: Any, rows: int = 5) -> Any:
     return np.asarray(value)[:rows]
 
 
-def _preflight(**kwargs: Any) -> None:
-    """Driver side, before any rank starts: every argument validated, checkpoint_dir usable."""
+def _preflight(**kwargs: Any) -> dict[str, Any]:
+    """Driver side, before any rank starts: every argument validated, checkpoint_dir usable;
+    the arguments the ranks receive (the validated config among them)."""
     compat.check_backend()
-    inputs, _ = recipe.preflight(kwargs, "hvdrunner.keras.fit", INPUTS, make_config)
+    inputs, cfg = recipe.preflight(kwargs, "hvdrunner.keras.fit", INPUTS, make_config)
     _check_inputs(inputs)
+    return recipe.validated(inputs, cfg)
 
 
 def _check_inputs(inputs: dict[str, Any]) -> None:
@@ -271,8 +273,7 @@ def _check_inputs(inputs: dict[str, Any]) -> None:
                 "data is a Petastorm converter: pass features='<column>' (and "
                 "label='<column>') so fit knows which columns to feed"
             )
-        if isinstance(data, SparkDatasetConverter):
-            data.prepared(inputs["features"], inputs["label"])  # names checked on the driver
+        prepared_behind(data, inputs["features"], inputs["label"])  # names checked here
     elif not hasattr(data, "steps_per_epoch"):
         raise TypeError(
             f"data must be prepared input (hvdrunner.data.prepare(df, ...)) or a Petastorm "

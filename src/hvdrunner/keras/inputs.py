@@ -17,8 +17,8 @@ import math
 from collections.abc import Iterator
 from typing import Any
 
+from hvdrunner.data.handle import prepared_behind
 from hvdrunner.keras import backend
-from hvdrunner.petastorm.spark import SparkDatasetConverter
 
 PETASTORM_ON_TORCH = (
     "a real Petastorm converter feeds tf.data, which Keras' PyTorch backend cannot train on "
@@ -61,8 +61,8 @@ def training_input(
     in_memory: bool | None = None,
 ) -> tuple[int, int, contextlib.AbstractContextManager[Any]]:
     """``(steps_per_epoch, rows, context manager yielding the dataset)`` for this rank."""
-    if isinstance(data, SparkDatasetConverter):  # hvdrunner's own: equal shards, resumable
-        data = data.prepared(features or "", label)
+    # hvdrunner's own converter is prepared data: equal shards, resumable
+    data = prepared_behind(data, features, label) or data
     if is_petastorm_converter(data):
         if backend.is_torch():
             raise TypeError(PETASTORM_ON_TORCH)

@@ -32,6 +32,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from hvdrunner._console import say
 from hvdrunner._logging import get_logger
 from hvdrunner.errors import NotebookError
 from hvdrunner.notebook.shim import LocalDbutils, NotebookExit, PythonRestart, display
@@ -156,7 +157,7 @@ def run_notebook(path: str, namespace: dict[str, Any]) -> str | None:
                 (f.lineno for f in reversed(tb) if f.filename.endswith(f"[cell {cell.number}]")),
                 None,
             )
-            traceback.print_exc()
+            _log.error(f"{name}: cell {cell.number} raised", exc_info=True)
             raise NotebookError(
                 f"{name}: cell {cell.number} failed at line {line}: {type(exc).__name__}: {exc}"
             ) from exc
@@ -205,7 +206,7 @@ def run(
             parse(path)
         check_params(paths, params)
     except (OSError, ValueError) as exc:
-        print(f"ERROR: {exc}", file=sys.stderr, flush=True)
+        say(f"ERROR: {exc}", err=True)
         return 2
     from pyspark.sql import SparkSession
 
@@ -230,7 +231,7 @@ def run(
             run_notebook(path, namespace)
     except NotebookError as exc:
         _fail_open_run(str(exc))
-        print(f"\nERROR: {exc}", file=sys.stderr, flush=True)
+        say(f"\nERROR: {exc}", err=True)
         return 1
     except BaseException as exc:
         _fail_open_run(f"{type(exc).__name__}: {exc}")

@@ -14,6 +14,8 @@ import os
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from hvdrunner._console import say
+
 
 class NotebookExit(Exception):  # noqa: N818 - mirrors dbutils.notebook.exit
     """Raised by ``dbutils.notebook.exit(value)``: stops the notebook, successfully."""
@@ -134,4 +136,4 @@ def display(obj: Any, *args: Any, **kwargs: Any) -> None:
     if hasattr(obj, "show") and hasattr(obj, "schema"):
         obj.show(20, truncate=60)
     else:
-        print(obj)
+        say(str(obj))

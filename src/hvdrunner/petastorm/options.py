@@ -12,6 +12,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from hvdrunner._checks import is_int
 from hvdrunner._logging import get_logger
 from hvdrunner.data import PreparedData
 from hvdrunner.data.reader import READ_AHEAD
@@ -92,7 +93,7 @@ def read_options(
         bool(kw.get("shuffle_row_groups", True)) or bool(kw.get("shuffle_rows")) or (capacity > 0)
     )
     seed = kw.get("seed")
-    if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int)):
+    if seed is not None and not is_int(seed):
         raise ValueError(f"seed={seed!r} must be an int (or None for seed 0)")
     spec = kw.get("transform_spec")
     if spec is not None and not isinstance(spec, TransformSpec):
@@ -135,7 +136,7 @@ def _refuse_unoffered(kwargs: dict[str, Any]) -> None:
 def _count(name: str, value: Any, *, minimum: int) -> int | None:
     if value is None:
         return None
-    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+    if not is_int(value, at_least=minimum):
         raise ValueError(f"{name}={value!r} must be an int >= {minimum}, or None")
     return value
 

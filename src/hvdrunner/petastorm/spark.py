@@ -17,6 +17,7 @@ import contextlib
 import dataclasses
 from typing import Any
 
+from hvdrunner._checks import is_int
 from hvdrunner.data import PreparedData, prepare
 from hvdrunner.petastorm.options import read_options
 
@@ -89,7 +90,7 @@ class SparkDatasetConverter:
 
         opts = read_options(self._names(), batch_size, num_epochs, workers_count,
                             shuffling_queue_capacity, petastorm_reader_kwargs)  # fmt: skip
-        if prefetch is not None and (isinstance(prefetch, bool) or not isinstance(prefetch, int)):
+        if prefetch is not None and not is_int(prefetch):
             raise ValueError(f"prefetch={prefetch!r} must be an int, or None for autotune")
         return tf_dataset(self._data, opts, prefetch)
 

@@ -17,6 +17,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from hvdrunner._checks import is_number
 from hvdrunner.core import settings as core_settings
 from hvdrunner.core.settings import FitResult, TrainingSettings
 
@@ -83,8 +84,7 @@ class FitConfig(TrainingSettings):
             )
         if self.verbose not in (0, 1, 2):
             raise ValueError(f"verbose must be 0 (silent), 1 or 2, got {self.verbose!r}")
-        if isinstance(self.bucket_cap_mb, bool) or not isinstance(self.bucket_cap_mb, (int, float)) \
-                or self.bucket_cap_mb < 0:  # fmt: skip
+        if not is_number(self.bucket_cap_mb, at_least=0):
             raise ValueError(
                 f"bucket_cap_mb must be a number >= 0 (0: one allreduce request per gradient "
                 f"tensor), got {self.bucket_cap_mb!r}"

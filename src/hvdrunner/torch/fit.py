@@ -159,9 +159,10 @@ def _build(
     return model, opt, lr
 
 
-def _preflight(**kwargs: Any) -> None:
-    """Driver side, before any rank starts: every argument validated, checkpoint_dir usable."""
-    inputs, _ = recipe.preflight(kwargs, "hvdrunner.torch.fit", INPUTS, make_config)
+def _preflight(**kwargs: Any) -> dict[str, Any]:
+    """Driver side, before any rank starts: every argument validated, checkpoint_dir usable;
+    the arguments the ranks receive (the validated config among them)."""
+    inputs, cfg = recipe.preflight(kwargs, "hvdrunner.torch.fit", INPUTS, make_config)
     for name in ("data", "validation"):
         value = inputs[name]
         if value is not None and not hasattr(value, "steps_per_epoch"):
@@ -175,6 +176,7 @@ def _preflight(**kwargs: Any) -> None:
                 f"{name} has no label column: prepare it with label='<column>' (fit trains "
                 f"a supervised model: loss(model(x), y))"
             )
+    return recipe.validated(inputs, cfg)
 
 
 fit.hvdrunner_preflight = _preflight  # type: ignore[attr-defined]
