@@ -14,7 +14,7 @@ from typing import Any
 
 from hvdrunner import _noise, _versions, tracking
 from hvdrunner._checks import is_int, is_number
-from hvdrunner._launch import backends, restarts, verdict
+from hvdrunner._launch import restarts, verdict
 from hvdrunner._launch.backend import Backend, Launch
 from hvdrunner._logging import get_logger
 from hvdrunner._secrets import secrets_in
@@ -265,6 +265,8 @@ class HorovodRunner:
         ``start_timeout`` and the job's ``timeout`` allow."""
         if deadline is not None and time.monotonic() >= deadline:
             raise verdict.timeout_failure(float(self.timeout or 0.0))
+        from hvdrunner._launch import backends  # the launch machinery loads with a job
+
         backend = backends.choose(self.num_processor)
         np = abs(self.num_processor)
         if np == 0:  # sparkdl: all task slots

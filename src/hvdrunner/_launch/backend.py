@@ -10,9 +10,10 @@ line in :mod:`hvdrunner._launch.backends`.
 
 from __future__ import annotations
 
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
-from hvdrunner._launch.task import TaskSpec
+if TYPE_CHECKING:  # the protocol names it; importing it would load psutil with hvdrunner
+    from hvdrunner._launch.task import TaskSpec
 
 
 class Launch(Protocol):
