@@ -37,6 +37,10 @@ def connect(tmp_path_factory):
             yield session
         finally:
             session.stop()
+            # pyspark marks the whole process as Connect-mode when a remote session starts
+            # (its functions then build Connect columns): the classic tests after this
+            # module need it back as it was.
+            os.environ.pop("SPARK_CONNECT_MODE_ENABLED", None)
 
 
 @pytest.fixture(scope="module")

@@ -73,7 +73,14 @@ def connect_server(workdir: Path, master: str = "local[2]") -> Iterator[str]:
 
 
 def client_session(url: str) -> Any:
-    """A Spark Connect client session to ``url`` (this thread's active session)."""
-    from pyspark.sql import SparkSession
+    """A Spark Connect client session to ``url`` (this thread's active session).
 
-    return SparkSession.builder.remote(url).getOrCreate()
+    Built with the Connect builder itself: pyspark's generic builder refuses a remote
+    session in a process that already holds a SparkContext (the test session's classic
+    one). The process is marked Connect-mode as that builder marks it, so pyspark's
+    functions build Connect columns; the caller removes the mark when done.
+    """
+    from pyspark.sql.connect.session import SparkSession as ConnectSession
+
+    os.environ["SPARK_CONNECT_MODE_ENABLED"] = "1"
+    return ConnectSession.builder.remote(url).getOrCreate()
