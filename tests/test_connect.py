@@ -142,6 +142,38 @@ def test_a_restart_from_connect_runs_the_function_again(connect):
     assert HorovodRunner(np=2, max_restarts=1).run(sigkill_rank1_in_attempt_1) == 2
 
 
+def sleeps_then_says(seconds: float, word: str) -> str:
+    time.sleep(seconds)
+    print(f"streamed: {word}", flush=True)
+    return word
+
+
+def fails_at_once() -> None:
+    raise RuntimeError("job A fails")
+
+
+@pytest.mark.timeout(120)
+def test_two_concurrent_jobs_a_failure_interrupts_only_its_own_stage(connect, capfd):
+    """Two jobs of one Connect session at once (np=1 each, local[2]): A fails and its
+    stage is interrupted by A's tag; B, still running, finishes and its output streams."""
+    import threading
+
+    results: dict[str, object] = {}
+
+    def job_b() -> None:
+        runner = HorovodRunner(np=1, driver_log_verbosity="all")
+        results["b"] = runner.run(sleeps_then_says, seconds=6.0, word="job B")
+
+    thread = threading.Thread(target=job_b)
+    thread.start()
+    time.sleep(2.0)  # B's stage holds one slot
+    with pytest.raises(HorovodRunnerError, match="RuntimeError: job A fails"):
+        HorovodRunner(np=1).run(fails_at_once)
+    thread.join(timeout=60)
+    assert results.get("b") == "job B"
+    assert "streamed: job B" in capfd.readouterr().out
+
+
 @pytest.mark.parametrize(
     "runner,error",
     [

@@ -15,13 +15,16 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any, Generic, Protocol, TypeVar
 
 from hvdrunner import tracking
 from hvdrunner.core.checkpoint import check_dir, resume
 from hvdrunner.core.ledger import MetricLedger
 from hvdrunner.core.settings import FitResult, TrainingSettings
 from hvdrunner.distributed import is_rank0
+
+#: A fit's own settings: :class:`TrainingSettings` and its framework's fields.
+C = TypeVar("C", bound=TrainingSettings)
 
 
 @dataclass
@@ -35,43 +38,58 @@ class Built:
     extra: Any = None
 
 
-class Framework(Protocol):
-    """A framework's parts of :func:`run`."""
+@dataclass(frozen=True)
+class FitRun(Generic[C]):
+    """One fit as its epochs see it, made once by :func:`run`: the framework's ``train``
+    takes this value, not its fields one by one."""
 
-    def init(self, cfg: Any) -> Any:
+    built: Built
+    cfg: C
+    feed: Any  # this rank's input (Framework.feed)
+    validation: Any  # prepared validation data, or None
+    steps: int  # steps per epoch, equal on every rank
+    store: Any  # the framework's checkpoint store, or None without checkpoint_dir
+    initial_epoch: int  # 0, or the epoch a resume starts at
+    ledger: MetricLedger
+
+
+class Framework(Protocol[C]):
+    """A framework's parts of :func:`run`, for its own settings ``C``."""
+
+    def init(self, cfg: C) -> Any:
         """``hvd.init()``, this rank's device and seed; Horovod's module (``size``,
         ``broadcast_object``)."""
 
-    def build(self, build_model: Callable[[], Any], cfg: Any, size: int) -> Built: ...
+    def build(self, build_model: Callable[[], Any], cfg: C, size: int) -> Built: ...
 
-    def store(self, cfg: Any) -> Any:
+    def store(self, cfg: C) -> Any:
         """The checkpoint store of ``cfg.checkpoint_dir`` (called only when one is set)."""
 
     def broadcast(self, built: Built) -> None:
         """Model and optimizer state from rank 0 to every rank."""
 
-    def feed(self, data: Any, cfg: Any, initial_epoch: int) -> tuple[int, int, Any]:
+    def feed(self, data: Any, cfg: C, initial_epoch: int) -> tuple[int, int, Any]:
         """``(steps_per_epoch, rows, input)``: this rank's shard, equal steps everywhere."""
 
-    def params(self, cfg: Any) -> dict[str, Any]:
+    def params(self, cfg: C) -> dict[str, Any]:
         """The framework's own MLflow params, beside :meth:`TrainingSettings.run_params`."""
 
-    def train(
-        self, built: Built, cfg: Any, feed: Any, validation: Any, steps: int, store: Any,
-        initial_epoch: int, ledger: MetricLedger,
-    ) -> tuple[dict[str, list[Any]], Any]:  # fmt: skip
-        """Epochs ``initial_epoch..`` with averaged metrics, rank-0 progress, checkpoints
+    def train(self, run: FitRun[C]) -> tuple[dict[str, list[Any]], Any]:
+        """Epochs ``run.initial_epoch..`` with averaged metrics, rank-0 progress, checkpoints
         when :func:`checkpoint_due`; the history and a few input rows. Each epoch's averaged
-        metrics go to ``ledger.epoch_end``; a checkpoint is saved with ``ledger.carried()``,
-        then ``ledger.saved()``."""
+        metrics go to ``run.ledger.epoch_end``; a checkpoint is saved with
+        ``ledger.carried()``, then ``ledger.saved()``."""
 
-    def log_model(self, model: Any, cfg: Any, example: Any) -> str | None: ...
+    def log_model(self, model: Any, cfg: C, example: Any) -> str | None: ...
 
 
 def run(
-    framework: Framework, cfg: TrainingSettings, build_model: Callable[[], Any], data: Any,
+    framework: Framework[C],
+    cfg: C,
+    build_model: Callable[[], Any],
+    data: Any,
     validation: Any,
-) -> FitResult | None:  # fmt: skip
+) -> FitResult | None:
     """``fit``: every step in its order; a :class:`FitResult` on rank 0, ``None`` elsewhere."""
     hvd = framework.init(cfg)
     built = framework.build(build_model, cfg, hvd.size())
@@ -86,7 +104,7 @@ def run(
     # Changes on every resume of the same run: a tag, not a param (params are immutable).
     tracking.set_tags({"hvdrunner.initial_epoch": initial_epoch})
     history, example = framework.train(
-        built, cfg, feed, validation, steps, store, initial_epoch, ledger
+        FitRun(built, cfg, feed, validation, steps, store, initial_epoch, ledger)
     )
     model_uri = None
     if cfg.log_model and example is not None:
@@ -148,5 +166,6 @@ def _name(spec: Any) -> Any:
 
 
 __all__ = [
-    "Built", "Framework", "checkpoint_due", "preflight", "run", "save_checkpoint", "validated",
+    "Built", "FitRun", "Framework", "checkpoint_due", "preflight", "run", "save_checkpoint",
+    "validated",
 ]  # fmt: skip

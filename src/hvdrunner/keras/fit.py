@@ -131,12 +131,8 @@ class _Keras:
         return {"keras": f"{compat.mode()} {compat.keras_version()}",
                 "keras_backend": backend.name()}  # fmt: skip
 
-    def train(
-        self, built: recipe.Built, cfg: FitConfig, feed: Any, validation: Any, steps: int,
-        store: Any, initial_epoch: int, ledger: Any,
-    ) -> tuple[dict[str, list[Any]], Any]:  # fmt: skip
-        cbs = _callbacks(cfg, store, built.optimizer, built.lr, steps, initial_epoch, ledger)
-        return _train(built.model, cfg, feed, validation, steps, initial_epoch, cbs)
+    def train(self, run: recipe.FitRun[FitConfig]) -> tuple[dict[str, list[Any]], Any]:
+        return _train(run, _callbacks(run))
 
     def log_model(self, model: Any, cfg: FitConfig, example: Any) -> str | None:
         return _log_model(model, cfg, example)
@@ -200,11 +196,10 @@ def _build(build_model: Callable[[], Any], cfg: FitConfig, size: int) -> tuple[A
     return model, opt, lr
 
 
-def _callbacks(
-    cfg: FitConfig, store: Any, opt: Any, lr: float, steps: int, initial_epoch: int,
-    ledger: Any,
-) -> list[Any]:  # fmt: skip
+def _callbacks(run: recipe.FitRun[FitConfig]) -> list[Any]:
     """Averaging, warmup (or the full rate on a resume past it), sync check, MLflow, saves."""
+    cfg, store, opt, lr, ledger = run.cfg, run.store, run.built.optimizer, run.built.lr, run.ledger
+    steps, initial_epoch = run.steps, run.initial_epoch
     cbs: list[Any] = [hk_callbacks.MetricAverageCallback()]
     if cfg.warmup_epochs and initial_epoch < cfg.warmup_epochs:
         cbs.append(hk_callbacks.LearningRateWarmupCallback(
@@ -218,11 +213,10 @@ def _callbacks(
     return [*cbs, *cfg.callbacks]
 
 
-def _train(
-    model: Any, cfg: FitConfig, train_input: Any, validation: Any, steps: int,
-    initial_epoch: int, cbs: list[Any],
-) -> tuple[dict[str, list[Any]], Any]:  # fmt: skip
+def _train(run: recipe.FitRun[FitConfig], cbs: list[Any]) -> tuple[dict[str, list[Any]], Any]:
     """Keras' fit on this rank's shard (progress on rank 0 only); the history, one batch."""
+    model, cfg, train_input, validation = run.built.model, run.cfg, run.feed, run.validation
+    steps, initial_epoch = run.steps, run.initial_epoch
     val_ds, val_steps = None, None
     with contextlib.ExitStack() as stack:
         ds = stack.enter_context(train_input)

@@ -117,13 +117,8 @@ class _Torch:
         name = getattr(loss, "__name__", type(loss).__name__) if callable(loss) else loss
         return {"loss": name, "torch": torch.__version__}
 
-    def train(
-        self, built: recipe.Built, cfg: FitConfig, feed: Any, validation: Any, steps: int,
-        store: Any, initial_epoch: int, ledger: Any,
-    ) -> tuple[dict[str, list[Any]], Any]:  # fmt: skip
-        trainer = loop.Trainer(built.model, built.optimizer, cfg, built.lr, self.device, steps,
-                               store, built.extra, ledger)  # fmt: skip
-        return trainer.run(feed, validation, initial_epoch)
+    def train(self, run: recipe.FitRun[FitConfig]) -> tuple[dict[str, list[Any]], Any]:
+        return loop.Trainer(run, self.device).run()
 
     def log_model(self, model: Any, cfg: FitConfig, example: Any) -> str | None:
         return log_model(model, example, registered_name=cfg.registered_model_name)

@@ -18,7 +18,6 @@ import torch.nn.functional as F
 
 from hvdrunner._logging import log_to_driver
 from hvdrunner.core import recipe, schedule
-from hvdrunner.core.ledger import MetricLedger
 from hvdrunner.distributed import is_rank0, size
 from hvdrunner.torch import collectives
 from hvdrunner.torch.config import FitConfig
@@ -61,32 +60,26 @@ def _forward(model: torch.nn.Module, x: Any) -> torch.Tensor:
 
 
 class Trainer:
-    """One rank's training of ``model`` under ``optimizer`` (already distributed).
+    """One rank's training of a fit's model under its (already distributed) optimizer.
 
-    ``group_lrs``: each param group's scaled rate as built, before any checkpoint restore
-    (a restored state holds the rate of the moment it was saved, mid-warmup perhaps).
+    ``run.built.extra``: each param group's scaled rate as built, before any checkpoint
+    restore (a restored state holds the rate of the moment it was saved, mid-warmup perhaps).
     """
 
-    def __init__(
-        self, model: torch.nn.Module, optimizer: Any, cfg: FitConfig, lr: float,
-        device: torch.device, steps: int, store: Any, group_lrs: list[float],
-        ledger: MetricLedger,
-    ) -> None:  # fmt: skip
-        self.model, self.opt, self.cfg, self.lr = model, optimizer, cfg, lr
-        self.device, self.steps, self.store = device, steps, store
-        self.ledger = ledger
-        self.loss = resolve(cfg.loss, LOSSES)[1]
-        self.metrics = [resolve(m, {"accuracy": accuracy}) for m in cfg.metrics]
-        self.group_lrs = list(group_lrs)
+    def __init__(self, run: recipe.FitRun[FitConfig], device: torch.device) -> None:
+        self.fit_run, self.device = run, device
+        self.model, self.opt, self.lr = run.built.model, run.built.optimizer, run.built.lr
+        self.cfg, self.steps, self.store, self.ledger = run.cfg, run.steps, run.store, run.ledger
+        self.loss = resolve(run.cfg.loss, LOSSES)[1]
+        self.metrics = [resolve(m, {"accuracy": accuracy}) for m in run.cfg.metrics]
+        self.group_lrs = list(run.built.extra)
 
-    def run(
-        self, data: Any, validation: Any, initial_epoch: int
-    ) -> tuple[dict[str, list[float]], Any]:
+    def run(self) -> tuple[dict[str, list[float]], Any]:
         """Epochs ``initial_epoch..epochs-1``; the averaged history and a few input rows."""
-        cfg = self.cfg
-        feed = batches(data, cfg.batch_size, shuffle=cfg.shuffle, seed=cfg.seed,
+        cfg, initial_epoch = self.cfg, self.fit_run.initial_epoch
+        feed = batches(self.fit_run.feed, cfg.batch_size, shuffle=cfg.shuffle, seed=cfg.seed,
                        first_epoch=initial_epoch, device=self.device, in_memory=cfg.in_memory)  # fmt: skip
-        val = self._validation_feed(validation)
+        val = self._validation_feed(self.fit_run.validation)
         history: dict[str, list[float]] = {}
         example = None
         for epoch in range(initial_epoch, cfg.epochs):
