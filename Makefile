@@ -74,6 +74,7 @@ lint: $(STAMP)
 bench: $(STAMP)        ## every benchmark on $(STACK); results in benchmarks/results/*-$(STACK).json
 ifeq ($(STACK),torch)
 	$(PY) benchmarks/torch_comparison.py   # fit vs bare horovod.torch; vs TorchDistributor (DDP)
+	$(PY) benchmarks/epoch_wall.py         # whole epochs and whole jobs: fit, Keras, bare, DDP, horovod.spark.run
 	$(PY) benchmarks/synthetic_resnet50.py # Horovod's ResNet-50 protocol: HorovodRunner, horovodrun, DDP
 	$(PY) benchmarks/chaos.py              # needs root: faults on two hosts, max_restarts
 	$(PY) benchmarks/elastic_commit.py     # Horovod elastic commits kept across restarts
