@@ -89,7 +89,7 @@ def test_the_import_graph_has_no_cycle():
                             "hvdrunner.runner", "hvdrunner.data")),
         # the adapters on one layer; the petastorm drop-in above both (it may use them)
         ("hvdrunner.torch", ("hvdrunner.keras", "hvdrunner.hvd_keras", "hvdrunner.petastorm")),
-        ("hvdrunner.keras", ("hvdrunner.torch", "hvdrunner.petastorm")),
+        ("hvdrunner.keras", ("hvdrunner.torch", "hvdrunner.petastorm", "hvdrunner.hvd_keras")),
         ("hvdrunner._launch", ("hvdrunner.keras", "hvdrunner.torch", "hvdrunner.tracking")),
         ("hvdrunner.data", ("hvdrunner.keras", "hvdrunner.torch", "hvdrunner.petastorm")),
         ("hvdrunner.tracking", ("hvdrunner.keras", "hvdrunner.torch", "hvdrunner._launch")),
