@@ -1,7 +1,7 @@
 """HorovodRunner from a Spark Connect session (the Connect launch backend): the unchanged
-horovod.torch recipe, ``prepare()`` and the converter, ``fit`` with its MLflow run, a failing
-rank named with its exception, a restart after a SIGKILL, and what a Connect client cannot
-serve refused before launch. A real Connect server (its own JVM, local[2]) and real ranks
+horovod.torch recipe, ``prepare()`` and the converter, ``fit`` restarted after a SIGKILL
+into one MLflow run, a failing rank named with its exception, two concurrent jobs, and what
+a Connect client cannot serve refused before launch. A real Connect server (its own JVM, local[2]) and real ranks
 over gloo; the test process talks to Spark only through the Connect client."""
 
 from __future__ import annotations
@@ -9,7 +9,6 @@ from __future__ import annotations
 import logging
 import os
 import re
-import signal
 import time
 from pathlib import Path
 
@@ -124,24 +123,6 @@ def test_a_failing_rank_is_named_with_its_exception_and_the_stage_is_interrupted
     assert HorovodRunner(np=2).run(os.getpid) > 0
 
 
-def sigkill_rank1_in_attempt_1() -> int:
-    import horovod.torch as hvd
-    import torch
-
-    from hvdrunner.distributed import attempt
-
-    hvd.init()
-    if attempt() == 1 and hvd.rank() == 1:
-        os.kill(os.getpid(), signal.SIGKILL)
-    hvd.allreduce(torch.ones(1), name="both-ranks")  # rank 0 waits here for rank 1
-    return attempt()
-
-
-@pytest.mark.timeout(180)
-def test_a_restart_from_connect_runs_the_function_again(connect):
-    assert HorovodRunner(np=2, max_restarts=1).run(sigkill_rank1_in_attempt_1) == 2
-
-
 def sleeps_then_says(seconds: float, word: str) -> str:
     time.sleep(seconds)
     print(f"streamed: {word}", flush=True)
@@ -162,11 +143,11 @@ def test_two_concurrent_jobs_a_failure_interrupts_only_its_own_stage(connect, ca
 
     def job_b() -> None:
         runner = HorovodRunner(np=1, driver_log_verbosity="all")
-        results["b"] = runner.run(sleeps_then_says, seconds=6.0, word="job B")
+        results["b"] = runner.run(sleeps_then_says, seconds=4.0, word="job B")
 
     thread = threading.Thread(target=job_b)
     thread.start()
-    time.sleep(2.0)  # B's stage holds one slot
+    time.sleep(1.5)  # B's stage holds one slot
     with pytest.raises(HorovodRunnerError, match="RuntimeError: job A fails"):
         HorovodRunner(np=1).run(fails_at_once)
     thread.join(timeout=60)
