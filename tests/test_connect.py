@@ -19,8 +19,7 @@ import pytest
 
 from helpers.connect_server import client_session, connect_server
 from hvdrunner import HorovodRunner, HorovodRunnerError
-from hvdrunner.data import prepare
-from test_restarts_fit import TORCH_FIT, torch_fit_with_fault
+from test_restarts_fit import TORCH_FIT, prepared_digits, torch_fit_with_fault
 from test_torch_recipe import linear_data, standard_recipe
 
 pytestmark = pytest.mark.torch
@@ -45,13 +44,7 @@ def connect(tmp_path_factory):
 @pytest.fixture(scope="module")
 def digits(connect, tmp_path_factory):
     """prepare() on a Connect DataFrame: equal shards, verified like the classic path's."""
-    from sklearn.datasets import load_digits
-
-    x, y = load_digits(return_X_y=True)
-    frame = pd.DataFrame({"pixels": (x[:1024] / 16.0).astype("float32").tolist(),
-                          "label": y[:1024].astype("int64")})  # fmt: skip
-    return prepare(connect.createDataFrame(frame), features="pixels", label="label",
-                   cache_dir=str(tmp_path_factory.mktemp("digits")))  # fmt: skip
+    return prepared_digits(connect, str(tmp_path_factory.mktemp("digits")))
 
 
 def _launched_over_connect(caplog: pytest.LogCaptureFixture) -> bool:

@@ -27,15 +27,21 @@ EPOCHS = 5
 FAULTS = {"rank1-in-epoch4": (1, 3, 2), "rank0-after-save2": (0, 2, 1)}  # rank, epoch, every
 
 
-@pytest.fixture(scope="module")
-def digits(spark, tmp_path_factory):
+def prepared_digits(session, cache_dir: str):
+    """1,024 digits (64 pixels in [0, 1], a label) prepared from ``session`` (classic or
+    Spark Connect): the data every fit of these restart tests trains on."""
     from sklearn.datasets import load_digits
 
     x, y = load_digits(return_X_y=True)
     frame = pd.DataFrame({"pixels": (x[:1024] / 16.0).astype("float32").tolist(),
                           "label": y[:1024].astype("int64")})  # fmt: skip
-    return prepare(spark.createDataFrame(frame), features="pixels", label="label",
-                   cache_dir=str(tmp_path_factory.mktemp("digits")))  # fmt: skip
+    return prepare(session.createDataFrame(frame), features="pixels", label="label",
+                   cache_dir=cache_dir)  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def digits(spark, tmp_path_factory):
+    return prepared_digits(spark, str(tmp_path_factory.mktemp("digits")))
 
 
 def _steps(run_id: str) -> dict[str, list[int]]:

@@ -16,12 +16,15 @@ import os
 import re
 import socket
 import sys
-import threading
-import uuid
 from collections.abc import Iterator
 from typing import Any
 
-from hvdrunner._launch.spark_backend import run_barrier_slot
+from hvdrunner._launch.spark_backend import (
+    BarrierStageLaunch,
+    refuse_dynamic_allocation,
+    refuse_np_above,
+    run_barrier_slot,
+)
 from hvdrunner._launch.task import TaskSpec, local_ip_towards
 
 #: Overrides the address the ranks reach this process at (a client behind NAT, a host with
@@ -100,42 +103,26 @@ def _arrow_task(spec: TaskSpec) -> Any:
     return task
 
 
-class ConnectLaunch:
-    """The barrier stage, run in a background thread under a tag, interrupted by it."""
+class ConnectLaunch(BarrierStageLaunch):
+    """The barrier stage of a DataFrame, under its own tag, interrupted by it."""
 
     def __init__(self, spark: Any, np: int, spec: TaskSpec) -> None:
+        super().__init__(np, spec, "hvdrunner-connect-job")
         self._spark = spark
-        self._np = np
-        self._spec = spec
-        self._tag = f"hvdrunner-{uuid.uuid4().hex[:12]}"
-        self._error: BaseException | None = None
-        self._thread = threading.Thread(target=self._run, name="hvdrunner-connect-job", daemon=True)
 
-    def _run(self) -> None:
+    def _stage(self) -> None:
+        self._spark.addTag(self._group)  # tags are per thread: this stage's only
         try:
-            self._spark.addTag(self._tag)  # tags are per thread: this stage's only
-            try:
-                frame = self._spark.range(0, self._np, 1, self._np)
-                frame.mapInArrow(_arrow_task(self._spec), "exit_code int", barrier=True).collect()
-            finally:
-                self._spark.removeTag(self._tag)
-        except BaseException as exc:  # noqa: BLE001 - surfaced through error()
-            self._error = exc
+            frame = self._spark.range(0, self._np, 1, self._np)
+            frame.mapInArrow(_arrow_task(self._spec), "exit_code int", barrier=True).collect()
+        finally:
+            self._spark.removeTag(self._group)
 
-    def start(self) -> None:
-        self._thread.start()
-
-    def error(self) -> BaseException | None:
-        return self._error
-
-    def stop(self, cancel: bool) -> None:
-        """Wait for the stage to end; interrupt it first when the job failed."""
-        if cancel:
-            try:
-                self._spark.interruptTag(self._tag)
-            except Exception:  # noqa: BLE001 - a session already gone has nothing running
-                pass
-        self._thread.join(timeout=30 if cancel else None)
+    def _cancel(self) -> None:
+        try:
+            self._spark.interruptTag(self._group)
+        except Exception:  # noqa: BLE001 - a session already gone has nothing running
+            pass
 
 
 class ConnectBackend:
@@ -170,18 +157,10 @@ class ConnectBackend:
                 f"session cannot read (only a SparkContext's scheduler can). Drop min_np: "
                 f"restarts then wait up to start_timeout for np={np} slots."
             )
-        if _conf(self._spark, "spark.dynamicAllocation.enabled").lower() == "true":
-            raise RuntimeError(
-                "Spark dynamic allocation (spark.dynamicAllocation.enabled=true) cannot serve "
-                "barrier-mode stages, which Horovod needs. Use a fixed-size cluster, or np<0 "
-                "to run on this machine only."
-            )
+        refuse_dynamic_allocation(_conf(self._spark, "spark.dynamicAllocation.enabled"))
         slots, why = task_slots(self._spark)
-        if slots is not None and slots < np:
-            raise ValueError(
-                f"np={np} needs {np} Spark tasks at once, but the cluster offers {slots} task "
-                f"slots ({why}). Pass np<={slots}, add workers, or lower spark.task.cpus."
-            )
+        if slots is not None:
+            refuse_np_above(np, slots, why)
 
     def slots_for_restart(self, np: int, min_np: int | None, wait_s: float) -> int:
         # The barrier stage waits for np slots itself; start_timeout bounds the wait.

@@ -80,20 +80,32 @@ def preflight(sc: Any, np: int, wait_s: float = EXECUTOR_WAIT_S) -> None:
         ValueError: fewer task slots than ``np`` (after waiting up to ``wait_s``, at most
             30 s, for executors of a non-local cluster to register).
     """
-    if _conf(sc, "spark.dynamicAllocation.enabled", "false").lower() == "true":
+    refuse_dynamic_allocation(_conf(sc, "spark.dynamicAllocation.enabled", "false"))
+    # Executors of a freshly started cluster register over a few seconds.
+    wait = 0.0 if sc.master.startswith("local[") else min(wait_s, EXECUTOR_WAIT_S)
+    slots, why = _wait_for_slots(sc, np, wait)
+    refuse_np_above(np, slots, f"{why}, master={sc.master}")
+
+
+def refuse_dynamic_allocation(enabled: str) -> None:
+    """Raise ``RuntimeError`` when ``spark.dynamicAllocation.enabled`` is ``enabled``: barrier
+    stages refuse it (both session backends' preflight)."""
+    if enabled.lower() == "true":
         raise RuntimeError(
             "Spark dynamic allocation (spark.dynamicAllocation.enabled=true) cannot serve "
             "barrier-mode stages, which Horovod needs. Disable it on the cluster (on "
             "Databricks: a fixed-size cluster without autoscaling), or use np<0 to run on "
             "the driver only."
         )
-    # Executors of a freshly started cluster register over a few seconds.
-    wait = 0.0 if sc.master.startswith("local[") else min(wait_s, EXECUTOR_WAIT_S)
-    slots, why = _wait_for_slots(sc, np, wait)
+
+
+def refuse_np_above(np: int, slots: int, why: str) -> None:
+    """Raise ``ValueError`` when ``np`` ranks need more task slots than ``slots`` (``why``:
+    what limits them), naming the fixes (both session backends' preflight)."""
     if slots < np:
         raise ValueError(
             f"np={np} needs {np} Spark tasks at once, but the cluster offers {slots} task "
-            f"slots ({why}, master={sc.master}). Pass np<={slots}, add workers, or lower "
+            f"slots ({why}). Pass np<={slots}, add workers, or lower "
             f"spark.task.cpus / spark.task.resource.gpu.amount."
         )
 
@@ -164,22 +176,29 @@ def _barrier_task(spec: TaskSpec) -> Any:
     return task
 
 
-class SparkLaunch:
-    """Runs the barrier stage in a background thread; cancellable; exposes its error."""
+class BarrierStageLaunch:
+    """A :class:`~hvdrunner._launch.backend.Launch` of one barrier stage: run in a background
+    thread (:meth:`_stage`), cancellable (:meth:`_cancel`), its error kept. Each session
+    backend says how it runs and cancels its stage."""
 
-    def __init__(self, sc: Any, np: int, spec: TaskSpec) -> None:
-        self._sc = sc
+    def __init__(self, np: int, spec: TaskSpec, thread_name: str) -> None:
         self._np = np
         self._spec = spec
-        self._group = f"hvdrunner-{uuid.uuid4().hex[:12]}"
+        self._group = f"hvdrunner-{uuid.uuid4().hex[:12]}"  # the stage's job group or tag
         self._error: BaseException | None = None
-        self._thread = threading.Thread(target=self._run, name="hvdrunner-spark-job", daemon=True)
+        self._thread = threading.Thread(target=self._run, name=thread_name, daemon=True)
+
+    def _stage(self) -> None:
+        """Run the stage to its end (in the background thread)."""
+        raise NotImplementedError
+
+    def _cancel(self) -> None:
+        """Cancel the stage (from the caller's thread)."""
+        raise NotImplementedError
 
     def _run(self) -> None:
         try:
-            self._sc.setJobGroup(self._group, f"hvdrunner: {self._np} Horovod ranks", True)
-            rdd = self._sc.parallelize(range(self._np), self._np)
-            rdd.barrier().mapPartitions(_barrier_task(self._spec)).collect()
+            self._stage()
         except BaseException as exc:  # noqa: BLE001 - surfaced through error()
             self._error = exc
 
@@ -192,8 +211,24 @@ class SparkLaunch:
     def stop(self, cancel: bool) -> None:
         """Wait for the stage to end; cancel it first when the job failed."""
         if cancel:
-            self._sc.cancelJobGroup(self._group)
+            self._cancel()
         self._thread.join(timeout=30 if cancel else None)
+
+
+class SparkLaunch(BarrierStageLaunch):
+    """The barrier stage of an RDD, under its own job group."""
+
+    def __init__(self, sc: Any, np: int, spec: TaskSpec) -> None:
+        super().__init__(np, spec, "hvdrunner-spark-job")
+        self._sc = sc
+
+    def _stage(self) -> None:
+        self._sc.setJobGroup(self._group, f"hvdrunner: {self._np} Horovod ranks", True)
+        rdd = self._sc.parallelize(range(self._np), self._np)
+        rdd.barrier().mapPartitions(_barrier_task(self._spec)).collect()
+
+    def _cancel(self) -> None:
+        self._sc.cancelJobGroup(self._group)
 
 
 class ClassicBackend:
