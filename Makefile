@@ -76,6 +76,8 @@ ifeq ($(STACK),torch)
 	$(PY) benchmarks/torch_comparison.py   # fit vs bare horovod.torch; vs TorchDistributor (DDP)
 	$(PY) benchmarks/epoch_wall.py         # whole epochs and whole jobs: fit, Keras, bare, DDP, horovod.spark.run
 	$(PY) benchmarks/synthetic_resnet50.py # Horovod's ResNet-50 protocol: HorovodRunner, horovodrun, DDP
+	$(PY) benchmarks/bare_recipe_knobs.py --model resnet50 --reps 5  # the unchanged recipe: HorovodRunner's default vs stock rounds vs DDP
+	$(PY) benchmarks/bare_recipe_knobs.py --model mlp
 	$(PY) benchmarks/chaos.py              # needs root: faults on two hosts, max_restarts
 	$(PY) benchmarks/elastic_commit.py     # Horovod elastic commits kept across restarts
 else

@@ -15,7 +15,11 @@ would use, runs only on GPUs).
 
 The same step runs under three launchers, 1 and 2 ranks, interleaved rep by rep:
 
-- ``horovodrunner``: ``HorovodRunner(np=N)`` on ``local[2]`` Spark barrier tasks;
+- ``horovodrunner``: ``HorovodRunner(np=N)`` on ``local[2]`` Spark barrier tasks, with the
+  Horovod settings it gives its ranks by default (``HOROVOD_IDLE_WAIT_MS=20`` with the
+  idle-wait patch, version 2: ``hvdrunner._horovod_knobs``);
+- ``horovodrunner_stock`` (torch only): the same, the loop setting ``HOROVOD_IDLE_WAIT_MS=0``
+  first (horovod's stock negotiation rounds: HorovodRunner before that default);
 - ``horovodrun``: the same file run by ``horovodrun --gloo -np N`` (the launcher Horovod's
   docs use: it must cost no throughput next to HorovodRunner);
 - ``horovodrunner_buckets`` (torch only): HorovodRunner, the loop with the two-line change
@@ -97,10 +101,11 @@ def _timed(step, size: int) -> dict:
     return {"img_sec_per_rank": statistics.mean(per_iter), "size": size}
 
 
-def torch_step(ddp: bool = False, buckets: bool = False) -> dict:
+def torch_step(ddp: bool = False, buckets: bool = False, stock: bool = False) -> dict:
     """One rank of the benchmark (horovod.torch, or torch.distributed DDP when ``ddp``).
     ``buckets``: the two-line change that gives the loop ``hvdrunner.torch.fit``'s exchange
-    (``HOROVOD_IDLE_WAIT_MS=20`` before ``hvd.init()``, ``groups=buckets(model)``)."""
+    (``HOROVOD_IDLE_WAIT_MS=20`` before ``hvd.init()``, ``groups=buckets(model)``);
+    ``stock``: ``HOROVOD_IDLE_WAIT_MS=0`` before ``hvd.init()`` (horovod's own rounds)."""
     import torch
     import torch.nn.functional as F
 
@@ -117,8 +122,8 @@ def torch_step(ddp: bool = False, buckets: bool = False) -> dict:
         model = torch.nn.parallel.DistributedDataParallel(model)
         opt = torch.optim.SGD(model.parameters(), lr=0.01 * size)
     else:
-        if buckets:
-            os.environ["HOROVOD_IDLE_WAIT_MS"] = "20"
+        if buckets or stock:
+            os.environ["HOROVOD_IDLE_WAIT_MS"] = "0" if stock else "20"
         import horovod.torch as hvd
 
         hvd.init()
@@ -228,6 +233,7 @@ def main() -> None:
                                            "-H", f"localhost:{n}", sys.executable, __file__]),
     }  # fmt: skip
     if stack() == "torch":
+        launchers["horovodrunner_stock"] = lambda n: HorovodRunner(np=n).run(fn, stock=True)
         launchers["horovodrunner_buckets"] = lambda n: HorovodRunner(np=n).run(fn, buckets=True)
         launchers["ddp"] = lambda n: _external([str(bindir / "torchrun"), "--nproc-per-node",
                                                 str(n), __file__, "--ddp"])  # fmt: skip
@@ -272,6 +278,9 @@ def main() -> None:
         out["horovod_vs_ddp_np2"] = round(
             table["horovodrunner"]["np2_img_sec_per_rank"] / table["ddp"]["np2_img_sec_per_rank"], 3
         )
+        out["horovod_stock_vs_ddp_np2"] = round(
+            table["horovodrunner_stock"]["np2_img_sec_per_rank"]
+            / table["ddp"]["np2_img_sec_per_rank"], 3)  # fmt: skip
     path = RESULTS / f"synthetic_resnet50-{stack()}.json"
     save(path, out)
 

@@ -92,8 +92,13 @@ if os.environ.get("HVDRUNNER_EXPECT_NCCL") == "1":
         if not (ext.cuda_built() and ext.nccl_built()):
             sys.exit(f"horovod {horovod.__version__}'s {name} extension was built without CUDA/NCCL although a GPU build was asked for")
     have.append("CUDA + NCCL")
-if os.environ.get("HVDRUNNER_EXPECT_TORCH") and importlib.util.find_spec("horovod._hvdrunner_idle_wait") is None:
-    sys.exit(f"horovod {horovod.__version__} lacks patches/horovod-0.28.1-idle-wait.patch (PyTorch builds carry it)")
+if os.environ.get("HVDRUNNER_EXPECT_TORCH"):
+    try:  # VERSION 2: a single tensor's round gathers for one cycle (what HorovodRunner's default is for)
+        from horovod._hvdrunner_idle_wait import VERSION as idle_wait
+    except ImportError:
+        idle_wait = 0
+    if idle_wait < 2:
+        sys.exit(f"horovod {horovod.__version__} lacks patches/horovod-0.28.1-idle-wait.patch's current version (PyTorch builds carry it)")
 facts = " ".join(f"{n} [X]" for n in have) + " gloo [X]"
 # The patches every build carries (their marker modules); exit 3: usable, but without them.
 marks = {name: importlib.util.find_spec(f"horovod._hvdrunner_{module}") is not None

@@ -49,7 +49,8 @@ def standard_recipe(
     if hvd.rank() == 0:
         torch.save(model.state_dict(), ckpt)
     final = [p.detach().numpy().tolist() for p in model.parameters()]
-    return {"initial": initial, "every_rank": hvd.allgather_object(final)}
+    return {"initial": initial, "every_rank": hvd.allgather_object(final),
+            "idle_wait_ms": os.environ.get("HOROVOD_IDLE_WAIT_MS")}  # fmt: skip
 
 
 def linear_data(n: int = 128, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
@@ -73,6 +74,9 @@ def test_the_standard_recipe_runs_unchanged_and_keeps_ranks_identical(spark, tmp
     assert not np.allclose(np.array(rank0[0]), np.array(out["initial"][0]), atol=1e-3)
     saved = torch.load(ckpt)  # rank 0's checkpoint holds those weights
     np.testing.assert_array_equal(saved["weight"].numpy(), np.array(rank0[0]))
+    # HorovodRunner's default for the ranks of a horovod with the idle-wait patch (the
+    # builder test asserts this stack's has it): the recipe ran, unchanged, with it.
+    assert out["idle_wait_ms"] == "20"
 
 
 @pytest.mark.timeout(240)
@@ -158,7 +162,9 @@ def test_the_builder_keys_and_checks_the_torch_build(tmp_path):
     import importlib.util
 
     assert importlib.util.find_spec("horovod._hvdrunner_torch_cxx17") is not None
-    assert importlib.util.find_spec("horovod._hvdrunner_idle_wait") is not None
+    from horovod._hvdrunner_idle_wait import VERSION
+
+    assert VERSION >= 2  # single tensors gather for a cycle: HorovodRunner's default is for it
 
 
 def idle_then_collectives(idle_s: float) -> dict:
@@ -186,12 +192,14 @@ def idle_then_collectives(idle_s: float) -> dict:
 @pytest.mark.timeout(120)
 def test_collectives_pair_up_across_idle_ranks_with_the_idle_wait_patch(monkeypatch):
     # patches/horovod-0.28.1-idle-wait.patch: an idle rank's background loop waits for an
-    # enqueue (up to 20 ms) instead of a round per 1 ms cycle. Rank 1 idles 0.3 s each time,
-    # longer than the wait: the rounds must still pair up, in order, with exact results.
-    monkeypatch.setenv("HOROVOD_IDLE_WAIT_MS", "20")
+    # enqueue (up to N ms) instead of a round per 1 ms cycle; a group's round starts at
+    # once, a single tensor's one cycle later. Rank 1 idles 0.3 s each time, longer than
+    # the wait: the rounds must still pair up, in order, with exact results. The user's own
+    # value (here 25) is what the ranks get, not HorovodRunner's default (20).
+    monkeypatch.setenv("HOROVOD_IDLE_WAIT_MS", "25")
     t = time.monotonic()
     out = HorovodRunner(np=-2).run(idle_then_collectives, idle_s=0.3)
-    assert out["idle_wait_ms"] == "20"
+    assert out["idle_wait_ms"] == "25"
     for i in range(3):
         assert out[f"sum{i}"] == 3.0
         assert out[f"grouped{i}"] == [[1.5] * 3, [0.5] * 5]

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 import psutil
 
-from hvdrunner import multihost
+from hvdrunner import _horovod_knobs, multihost
 from hvdrunner._launch import protocol
 from hvdrunner._launch.supervisor import NO_GPU_ENV, RankSupervisor
 from hvdrunner._launch.worker import LIBRARY_DIRS_ENV, RANK_SETUP_ENV, RANK_TEARDOWN_ENV
@@ -82,6 +82,7 @@ def _rank_env(
 ) -> dict[str, str]:
     env = dict(os.environ)
     env.update(assigned)
+    env.update(_horovod_knobs.rank_defaults(env))  # what the user left unset
     # The interface that reaches the driver (``ip``) is the one the ranks reach each other
     # on. Spark's task address is only a fallback: it can be the connection's source
     # (127.0.0.1) for executors of a standalone cluster.

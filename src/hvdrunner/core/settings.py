@@ -25,6 +25,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
+from hvdrunner import _horovod_knobs
 from hvdrunner._checks import is_int, is_number
 
 C = TypeVar("C", bound="TrainingSettings")
@@ -210,12 +211,9 @@ def fit_signature(fn: Callable[..., Any], cls: type) -> inspect.Signature:
     return own.replace(parameters=[*inputs, *settings])
 
 
-# patches/horovod-0.28.1-idle-wait.patch: while no tensor is pending, horovod's background
-# loop waits (at most this long) for one instead of negotiating every 1 ms cycle, and
-# starts the round for a new request at once. For fits whose gradients go out as whole
-# groups (torch's buckets, Keras' one grouped allreduce); a horovod without the patch
-# ignores it. Measured: docs/benchmarks.md, "PyTorch, side by side".
-IDLE_WAIT_ENV, IDLE_WAIT_MS = "HOROVOD_IDLE_WAIT_MS", "20"
+# patches/horovod-0.28.1-idle-wait.patch's knob (see hvdrunner._horovod_knobs): fit sets it
+# for its own ranks too, for a fit not launched by HorovodRunner (horovodrun, a bare script).
+IDLE_WAIT_ENV, IDLE_WAIT_MS = _horovod_knobs.IDLE_WAIT_ENV, _horovod_knobs.IDLE_WAIT_MS
 
 
 def cpu_threads(local_size: int, num_threads: int | None = None) -> int:

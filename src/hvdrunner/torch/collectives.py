@@ -54,8 +54,8 @@ def init(seed: int = 0, num_threads: int | None = None) -> torch.device:
     return torch.device("cpu")
 
 
-# Set by fit, whose buckets arrive whole; per-tensor requests (horovod's own
-# DistributedOptimizer) gain nothing from it.
+# Set by fit, whose buckets start their round at once with it (HorovodRunner sets it for
+# every rank too; see hvdrunner._horovod_knobs).
 IDLE_WAIT_ENV, IDLE_WAIT_MS = settings.IDLE_WAIT_ENV, settings.IDLE_WAIT_MS
 
 

@@ -90,8 +90,8 @@ class _Torch:
 
         horovod_env(cfg, hvd.is_initialized())
         # fit's gradients go out as grouped buckets (collectives.buckets): with nothing else
-        # pending, horovod can start their round at once (patches/*-idle-wait.patch). Not
-        # for per-tensor requests: the first would start a round alone (measured slower).
+        # pending, horovod starts their round at once (patches/*-idle-wait.patch). Set here
+        # for a fit that HorovodRunner did not launch (it sets it for every rank).
         if cfg.bucket_cap_mb > 0:
             os.environ.setdefault(collectives.IDLE_WAIT_ENV, collectives.IDLE_WAIT_MS)
         self.device = collectives.init(cfg.seed, cfg.num_threads)
