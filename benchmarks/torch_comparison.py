@@ -103,11 +103,13 @@ def hvdrunner_fit(data, epochs: int, grouped: bool = True, idle_wait: bool = Tru
     started = time.time()
     import os
 
-    from hvdrunner.torch import collectives, fit, loop
+    from hvdrunner import _horovod_knobs
+    from hvdrunner.torch import fit, loop
     from hvdrunner.torch.config import BUCKET_CAP_MB
 
-    # fit sets HOROVOD_IDLE_WAIT_MS=20 only with buckets; set here, it is what each variant says
-    os.environ[collectives.IDLE_WAIT_ENV] = "20" if idle_wait else "0"
+    # HorovodRunner (and fit, with buckets) set HOROVOD_IDLE_WAIT_MS=20; set here, it is what
+    # each variant says
+    os.environ[_horovod_knobs.IDLE_WAIT_ENV] = _horovod_knobs.IDLE_WAIT_MS if idle_wait else "0"
 
     times: list[float] = []
     original = loop.Trainer._train_epoch

@@ -8,7 +8,7 @@ grouped allreduce) starts a round at once, and a single tensor's (the per-tensor
 that follow it join the same round. The patch's marker module says which version a build
 carries: version 1 started every round at once, which made per-tensor requests slower
 than stock horovod, so HorovodRunner sets the knob for every rank only with version 2.
-Measured in docs/benchmarks.md, "The bare recipe under HorovodRunner's default".
+Measured in docs/benchmarks.md, "The unchanged recipe and HorovodRunner's default".
 
 Example:
     >>> rank_defaults({"HOROVOD_IDLE_WAIT_MS": "0"})

@@ -25,7 +25,6 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
-from hvdrunner import _horovod_knobs
 from hvdrunner._checks import is_int, is_number
 
 C = TypeVar("C", bound="TrainingSettings")
@@ -209,11 +208,6 @@ def fit_signature(fn: Callable[..., Any], cls: type) -> inspect.Signature:
         for f in dataclasses.fields(cls)
     ]  # fmt: skip
     return own.replace(parameters=[*inputs, *settings])
-
-
-# patches/horovod-0.28.1-idle-wait.patch's knob (see hvdrunner._horovod_knobs): fit sets it
-# for its own ranks too, for a fit not launched by HorovodRunner (horovodrun, a bare script).
-IDLE_WAIT_ENV, IDLE_WAIT_MS = _horovod_knobs.IDLE_WAIT_ENV, _horovod_knobs.IDLE_WAIT_MS
 
 
 def cpu_threads(local_size: int, num_threads: int | None = None) -> int:

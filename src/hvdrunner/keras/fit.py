@@ -13,6 +13,7 @@ from typing import Any
 
 import numpy as np
 
+from hvdrunner import _horovod_knobs
 from hvdrunner.core import recipe, schedule, settings
 from hvdrunner.core.settings import fit_signature, horovod_env
 from hvdrunner.data.handle import prepared_behind
@@ -143,7 +144,7 @@ def _init_horovod(cfg: FitConfig) -> Any:
     hvd = backend.horovod()
     horovod_env(cfg, hvd.is_initialized())
     if backend.is_torch():  # the gradients go out as one grouped request per step
-        os.environ.setdefault(settings.IDLE_WAIT_ENV, settings.IDLE_WAIT_MS)
+        os.environ.setdefault(_horovod_knobs.IDLE_WAIT_ENV, _horovod_knobs.IDLE_WAIT_MS)
     hvd.init()
     if backend.is_torch():
         import torch

@@ -54,11 +54,6 @@ def init(seed: int = 0, num_threads: int | None = None) -> torch.device:
     return torch.device("cpu")
 
 
-# Set by fit, whose buckets start their round at once with it (HorovodRunner sets it for
-# every rank too; see hvdrunner._horovod_knobs).
-IDLE_WAIT_ENV, IDLE_WAIT_MS = settings.IDLE_WAIT_ENV, settings.IDLE_WAIT_MS
-
-
 def buckets(model: torch.nn.Module, cap_mb: float = BUCKET_CAP_MB) -> list[list[torch.Tensor]]:
     """The trainable parameters in gradient-exchange groups of at most ``cap_mb`` each (a
     larger tensor alone), in reverse definition order: roughly the order backward finishes

@@ -16,6 +16,7 @@ from typing import Any
 
 import torch
 
+from hvdrunner import _horovod_knobs
 from hvdrunner.core import recipe, schedule
 from hvdrunner.core.settings import fit_signature, horovod_env
 from hvdrunner.torch import collectives, loop
@@ -93,7 +94,7 @@ class _Torch:
         # pending, horovod starts their round at once (patches/*-idle-wait.patch). Set here
         # for a fit that HorovodRunner did not launch (it sets it for every rank).
         if cfg.bucket_cap_mb > 0:
-            os.environ.setdefault(collectives.IDLE_WAIT_ENV, collectives.IDLE_WAIT_MS)
+            os.environ.setdefault(_horovod_knobs.IDLE_WAIT_ENV, _horovod_knobs.IDLE_WAIT_MS)
         self.device = collectives.init(cfg.seed, cfg.num_threads)
         return hvd
 
