@@ -96,6 +96,15 @@ def test_the_import_graph_has_no_cycle():
         # petastorm's API over the data layer: its torch feed may use torch's tensor helper
         ("hvdrunner.petastorm", ("hvdrunner.keras", "hvdrunner._launch", "hvdrunner.tracking",
                                  "hvdrunner.runner")),
+        # the Horovod engine on torch.distributed: below both adapters and every drop-in,
+        # beside nothing of the launcher, tracking or data
+        ("hvdrunner.engine", ("hvdrunner.keras", "hvdrunner.torch", "hvdrunner.hvd_keras",
+                              "hvdrunner.hvd_torch", "hvdrunner.petastorm", "hvdrunner._launch",
+                              "hvdrunner.runner", "hvdrunner.tracking", "hvdrunner.data",
+                              "hvdrunner.core")),
+        # the drop-in is Horovod's names over the engine, nothing else
+        ("hvdrunner.hvd_torch", ("hvdrunner.keras", "hvdrunner.torch", "hvdrunner.hvd_keras",
+                                 "hvdrunner._launch", "hvdrunner.runner")),
     ],
 )  # fmt: skip
 def test_layers_keep_apart(layer, forbidden):
@@ -121,7 +130,8 @@ def test_the_scan_finds_function_local_imports(tmp_path, monkeypatch):
 
 
 #: Framework imports (TensorFlow, Keras, torch and Horovod's layers for them) live in the
-#: adapters: keras/, torch/, hvd_keras.py. The places outside them, and why:
+#: adapters: keras/, torch/, hvd_keras.py, and the torch engine (engine/, hvd_torch/). The
+#: places outside them, and why:
 FRAMEWORK_HOMES = {
     # PreparedData.tf_dataset's feed (a public method of the data handle): TensorFlow is
     # imported inside its functions, only when a TensorFlow rank asks for a dataset.
@@ -146,7 +156,8 @@ def _framework_imports(path: Path) -> set[str]:
 
 
 def test_frameworks_are_imported_only_in_their_adapters():
-    adapters = ("hvdrunner.keras", "hvdrunner.torch", "hvdrunner.hvd_keras")
+    adapters = ("hvdrunner.keras", "hvdrunner.torch", "hvdrunner.hvd_keras", "hvdrunner.engine",
+                "hvdrunner.hvd_torch")
     outside = {}
     for path in sorted(PKG.rglob("*.py")):
         module = _module(path)

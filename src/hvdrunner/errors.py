@@ -101,3 +101,19 @@ class NotebookError(RuntimeError):
 
 class TrackingError(RuntimeError):
     """The MLflow tracking server is unreachable or refused a call hvdrunner needs."""
+
+
+class HorovodInternalError(RuntimeError):
+    """A collective of ``hvdrunner.hvd_torch`` (Horovod's PyTorch API on ``torch.distributed``)
+    could not complete: a peer rank died, left or shut down. As in Horovod, an elastic job
+    (``hvd.elastic.run``) restores its last commit when it sees one."""
+
+
+class HostsUpdatedInterrupt(RuntimeError):
+    """Horovod's signal that the hosts of an elastic job changed. HorovodRunner restarts a job
+    whole instead (``max_restarts``); the name exists so that unchanged code that catches it
+    imports."""
+
+    def __init__(self, skip_sync: bool = False) -> None:
+        super().__init__("the hosts of the elastic job changed")
+        self.skip_sync = skip_sync

@@ -1,0 +1,1 @@
+"""Horovod's elastic API on the engine (placeholder until its module lands)."""

@@ -1,0 +1,309 @@
+"""The background thread that agrees with the other ranks on what to run, then runs it.
+
+Horovod's design over ``torch.distributed``, one negotiator per process set (as Horovod has
+one controller per set): a caller enqueues a named request and gets a handle at once; the
+negotiator thread of every rank of the set meets the others in *rounds* (one small allgather
+on the set's control group), announcing its new requests. Every rank keeps the same table of
+what each rank announced, so every rank derives the same answer with no coordinator: a
+request is *ready* when every rank of the set that has not joined announced it; ready requests
+run in the order they were first announced, allreduces of one type and reduction fused into
+one buffer (engine.execute). Ranks that disagree on a request (shape, dtype, op, root) get an
+error on every rank, never a hang; a rank that called ``join()`` contributes zeros to the
+others' allreduces.
+
+What ranks agreed on once is remembered (Horovod's response cache): a request seen before is
+announced by a small number, so a training step's rounds stay one small message.
+
+A rank enters a round when it has something to announce, or when a pending request waits on
+another rank (so that rank finds it there); a round with no progress waits one cycle
+(``HOROVOD_CYCLE_TIME``, ms) unless this rank asks for something new.
+"""
+
+from __future__ import annotations
+
+import os
+import pickle
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from hvdrunner._logging import get_logger
+from hvdrunner.engine.requests import ALLREDUCE, BARRIER, Handle, Request, first_difference
+from hvdrunner.errors import HorovodInternalError
+
+_log = get_logger()
+
+SIG_FIELDS = ("operation", "data type", "device", "tensor shapes", "reduction op",
+              "prescale factor", "postscale factor", "root rank", "arguments")  # fmt: skip
+CYCLE_ENV, CYCLE_MS = "HOROVOD_CYCLE_TIME", 1.0
+#: How long shutdown() waits for the last round with the other ranks.
+SHUTDOWN_WAIT_S = 30.0
+#: A round's message fits this many bytes in the common case: one collective per round.
+SLOT_BYTES = 4096
+#: torch >= 2.10 names it all_gather_single (the old name warns); older torch has only that.
+_ALL_GATHER = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+
+
+@dataclass
+class Entry:
+    """One request name as every rank sees it: who announced what."""
+
+    kind: str
+    ps_id: int
+    signatures: dict[int, tuple[Any, ...]] = field(default_factory=dict)
+    locals: dict[int, tuple[Any, ...]] = field(default_factory=dict)
+
+
+@dataclass
+class Ready:
+    """A request every member announced: its table entry and this rank's own request
+    (``None`` on a rank that joined and serves it with zeros)."""
+
+    key: tuple[int, str]
+    entry: Entry
+    mine: Request | None
+    members: tuple[int, ...]
+    error: str | None = None
+
+
+#: Runs a batch of ready requests on the data groups (engine.execute.Executor).
+Executor = Callable[[list[Ready], frozenset[int]], None]
+
+
+class Negotiator:
+    """One per process set and ``init()``: the request queue, the shared table, the thread.
+
+    ``ranks`` are the set's global ranks in the order of its ``control`` group."""
+
+    def __init__(self, control: dist.ProcessGroup, ranks: tuple[int, ...], rank: int,
+                 execute: Executor) -> None:  # fmt: skip
+        self.rank, self.ranks = rank, ranks
+        self.control = control
+        self._execute = execute
+        self._lock = threading.Condition()
+        self._new: list[Request] = []  # enqueued, not yet announced
+        self._mine: dict[tuple[int, str], Request] = {}  # announced, not finished
+        self._table: dict[tuple[int, str], Entry] = {}
+        self._cache: dict[tuple[Any, ...], int] = {}  # response cache: request -> number
+        self._cached: list[tuple[Any, ...]] = []
+        self._joined: dict[int, int] = {}  # rank -> round it joined in
+        self._join_handle: Handle | None = None
+        self._shutdown = False
+        self._saw_shutdown = False
+        self.broken: BaseException | None = None
+        self._round = 0
+        self._cycle_s = float(os.environ.get(CYCLE_ENV, CYCLE_MS)) / 1000.0
+        self._thread = threading.Thread(target=self._loop, name="hvdrunner-engine", daemon=True)
+        self._thread.start()
+
+    # -- the caller's side ----------------------------------------------------------------
+    def submit(self, request: Request) -> Request:
+        """Queue ``request``; ``ValueError`` when one of that name is still in flight here."""
+        key = (request.ps_id, request.name)
+        with self._lock:
+            self._raise_if_broken()
+            if key in self._mine or any((r.ps_id, r.name) == key for r in self._new):
+                raise ValueError(
+                    f"Requested to {request.kind} a tensor with the same name as another tensor "
+                    f"that is currently being processed: {request.name!r}. Give concurrent "
+                    f"operations distinct names (name=...)."
+                )
+            self._new.append(request)
+            self._lock.notify_all()
+        return request
+
+    def join(self, handle: Handle) -> None:
+        """This rank has no more data: serve the others' allreduces with zeros until every
+        rank joined; ``handle`` then gets the rank that joined last."""
+        with self._lock:
+            self._raise_if_broken()
+            self._join_handle = handle
+            self._lock.notify_all()
+
+    def close(self) -> None:
+        """Meet the others one last time (so a peer waiting on this rank hears it left),
+        then stop the thread; pending requests fail."""
+        with self._lock:
+            self._shutdown = True
+            self._lock.notify_all()
+        self._thread.join(SHUTDOWN_WAIT_S)
+        if self._thread.is_alive():
+            _log.warning(
+                "hvd.shutdown(): the other ranks did not meet this one within %.0f s; leaving "
+                "without them (their next collective fails)", SHUTDOWN_WAIT_S,
+            )  # fmt: skip
+
+    def alive(self) -> bool:
+        return self._thread.is_alive()
+
+    def _raise_if_broken(self) -> None:
+        if self.broken is not None:
+            raise HorovodInternalError(str(self.broken)) from self.broken
+        if self._shutdown:
+            raise ValueError("Horovod has been shut down on this rank; call hvd.init() first.")
+
+    # -- the thread -----------------------------------------------------------------------
+    def _loop(self) -> None:
+        progressed = True
+        try:
+            while True:
+                self._wait_for_work(progressed)
+                progressed = self._one_round()
+                if self.broken is not None or (self._shutdown and self._saw_shutdown):
+                    return
+        except BaseException as exc:  # noqa: BLE001 - every pending caller must hear it
+            self._fail_all(HorovodInternalError(
+                f"a collective failed on rank {self.rank}: {type(exc).__name__}: {exc} (a peer "
+                f"rank probably died, left or shut down)"
+            ))  # fmt: skip
+
+    def _needed_elsewhere(self) -> bool:
+        """Whether a pending request waits on another rank (which must find this one in a
+        round), as opposed to waiting on this rank's own caller."""
+        if self._join_handle is not None:
+            return True
+        active = [r for r in self.ranks if r not in self._joined]
+        for entry in self._table.values():
+            if self.rank not in entry.signatures and self.rank in active:
+                continue  # waits on this rank's caller: a round cannot help
+            return True
+        return False
+
+    def _wait_for_work(self, progressed: bool) -> None:
+        with self._lock:
+            if not progressed and not self._new and not self._shutdown:
+                self._lock.wait(self._cycle_s)
+            while not (self._new or self._shutdown or self._needed_elsewhere()):
+                self._lock.wait()
+
+    def _encode(self, request: Request) -> tuple[Any, ...]:
+        """A request's announcement: its number when every rank knows it already."""
+        full = request.announcement()
+        number = self._cache.get(full[:4])
+        return (number, full[4]) if number is not None else full
+
+    def _decode(self, item: tuple[Any, ...]) -> tuple[Any, ...]:
+        return (*self._cached[item[0]], item[1]) if len(item) == 2 else item
+
+    def _exchange(self, message: Any) -> list[Any]:
+        """Every rank's ``message``: one fixed-size allgather when all fit, else a second,
+        exact one (every rank sees who overflowed, so all take the same path)."""
+        data = pickle.dumps(message)
+        n = len(self.ranks)
+        slot = torch.zeros(SLOT_BYTES, dtype=torch.uint8)
+        fits = len(data) <= SLOT_BYTES - 8
+        head = len(data) if fits else -1
+        slot[:8] = torch.tensor([head], dtype=torch.int64).view(torch.uint8)
+        if fits:
+            slot[8 : 8 + len(data)] = torch.frombuffer(bytearray(data), dtype=torch.uint8)
+        if n == 1:
+            return [message]
+        out = torch.empty(n * SLOT_BYTES, dtype=torch.uint8)
+        _ALL_GATHER(out, slot, group=self.control)
+        rows = out.view(n, SLOT_BYTES)
+        heads = [int(rows[i, :8].view(torch.int64)[0]) for i in range(n)]
+        if all(h >= 0 for h in heads):
+            return [pickle.loads(rows[i, 8 : 8 + h].numpy().tobytes()) for i, h in enumerate(heads)]
+        gathered: list[Any] = [None] * n
+        dist.all_gather_object(gathered, message, group=self.control)
+        return gathered
+
+    def _one_round(self) -> bool:
+        with self._lock:
+            new, self._new = self._new, []
+            for request in new:
+                self._mine[(request.ps_id, request.name)] = request
+            flags = (self._join_handle is not None, self._shutdown)
+        gathered = self._exchange((flags, [self._encode(r) for r in new]))
+        self._round += 1
+        for rank, ((joined, _), announced) in zip(self.ranks, gathered, strict=False):
+            if joined and rank not in self._joined:
+                self._joined[rank] = self._round
+            for item in announced:
+                name, kind, ps_id, signature, local = self._decode(item)
+                entry = self._table.setdefault((ps_id, name), Entry(kind, ps_id))
+                entry.signatures[rank] = signature
+                entry.locals[rank] = local
+        leaving = [rank for rank, ((_, down), _) in zip(self.ranks, gathered, strict=False) if down]
+        progressed = bool(any(a for _, a in gathered))
+        progressed |= self._run_ready()
+        progressed |= self._complete_join()
+        if leaving:
+            self._saw_shutdown = True
+            if not self._shutdown:
+                self.broken = RuntimeError(f"rank {leaving[0]} shut down (hvd.shutdown())")
+            self._fail_all(HorovodInternalError(f"Horovod has been shut down (rank {leaving[0]})"))
+        return progressed
+
+    def _run_ready(self) -> bool:
+        joined = frozenset(self._joined)
+        active = [r for r in self.ranks if r not in joined]
+        batch: list[Ready] = []
+        for key, entry in list(self._table.items()):
+            if not active or any(r not in entry.signatures for r in active):
+                continue
+            del self._table[key]
+            mine = self._mine.pop(key, None)
+            error = _verdict(entry, active, joined, self.ranks)
+            batch.append(Ready(key, entry, mine, self.ranks, error))
+            if error is None:
+                self._remember(key, entry, active[0])
+        if batch:
+            try:
+                self._execute(batch, joined)
+            except BaseException as exc:
+                for ready in batch:  # out of the table already: fail them here
+                    if ready.mine is not None:
+                        ready.mine.handle.fail(HorovodInternalError(f"{ready.key[1]}: {exc}"))
+                raise
+        return bool(batch)
+
+    def _remember(self, key: tuple[int, str], entry: Entry, some_rank: int) -> None:
+        """Number a request every rank agreed on, the same way on every rank."""
+        full = (key[1], entry.kind, key[0], entry.signatures[some_rank])
+        if full not in self._cache:
+            self._cache[full] = len(self._cached)
+            self._cached.append(full)
+
+    def _complete_join(self) -> bool:
+        if len(self._joined) < len(self.ranks):
+            return False
+        last = max(self._joined, key=lambda r: (self._joined[r], r))
+        self._joined.clear()
+        with self._lock:
+            handle, self._join_handle = self._join_handle, None
+        if handle is not None:
+            handle.finish(last)
+        return True
+
+    def _fail_all(self, error: BaseException) -> None:
+        if self.broken is None:
+            self.broken = error
+        with self._lock:
+            pending = list(self._mine.values()) + self._new
+            self._mine.clear()
+            self._new = []
+            join, self._join_handle = self._join_handle, None
+        for request in pending:
+            request.handle.fail(error)
+        if join is not None:
+            join.fail(error)
+
+
+def _verdict(entry: Entry, active: list[int], joined: frozenset[int],
+             members: tuple[int, ...]) -> str | None:  # fmt: skip
+    """The error every rank gives for this request, or ``None`` when it can run."""
+    sigs = {r: entry.signatures[r] for r in active}
+    if len(set(sigs.values())) > 1:
+        return first_difference(entry.kind, sigs, SIG_FIELDS)
+    gone = sorted(r for r in members if r in joined)
+    if gone and entry.kind not in (ALLREDUCE, BARRIER):
+        return (
+            f"{entry.kind} cannot run while rank(s) {gone} have joined (hvd.join()): only "
+            f"allreduce serves ranks that ran out of data. Call {entry.kind} before join()."
+        )
+    return None

@@ -1,0 +1,303 @@
+"""Horovod's ``DistributedOptimizer``: gradients averaged over the ranks as backward makes them.
+
+The returned optimizer is an instance of the wrapped optimizer's own class (``isinstance``
+and ``state_dict`` unchanged), with a hook on every trainable parameter: once its gradient is
+accumulated ``backward_passes_per_step`` times, its allreduce is requested (or its group's,
+once the whole group is ready); ``step()`` waits for them first. The engine fuses requests
+that are ready in the same round into one buffer, so per-parameter requests travel together.
+
+Example:
+    >>> from hvdrunner.engine import state
+    >>> import torch
+    >>> state.init()
+    >>> model = torch.nn.Linear(2, 1)
+    >>> opt = DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1),
+    ...                            named_parameters=model.named_parameters())
+    >>> isinstance(opt, torch.optim.SGD)
+    True
+    >>> state.shutdown()
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import warnings
+from collections.abc import Iterable, Iterator
+from typing import Any
+
+import torch
+
+from hvdrunner.engine import ops, state
+from hvdrunner.engine.compression import Compression, Compressor
+from hvdrunner.engine.ops import ADASUM, ADASUM_REFUSED, AVERAGE, synchronize
+from hvdrunner.engine.process_sets import ProcessSet, global_process_set
+
+
+class _Distributed(torch.optim.Optimizer):
+    """The methods the wrapper adds; mixed into a subclass of the user's optimizer class."""
+
+    def _hvd_setup(self, named: list[tuple[str, torch.Tensor]] | None, compression: Any,
+                   passes: int, op: int, predivide: float, groups: Any, sparse_as_dense: bool,
+                   process_set: ProcessSet) -> None:  # fmt: skip
+        self._compression = compression
+        self._parameter_names = _parameter_names(self.param_groups, named)
+        self.backward_passes_per_step = passes
+        self.op, self.gradient_predivide_factor = op, predivide
+        self.sparse_as_dense, self.process_set = sparse_as_dense, process_set
+        self._delay = {p: passes for p in self._parameter_names}
+        self._handles: dict[Any, tuple[Any, Any]] = {}
+        self._hooks: list[Any] = []
+        self._requires_update: set[torch.Tensor] = set()
+        self._synchronized = False
+        self._should_synchronize = True
+        self._groups = _check_groups(groups)
+        self._p_to_group: dict[torch.Tensor, tuple[torch.Tensor, ...]] = {}
+        self._group_counts: dict[tuple[torch.Tensor, ...], int] = {}
+        if process_set.included() and (
+            state.size() > 1 or os.environ.get("HOROVOD_ELASTIC") == "1"
+        ):
+            self._register_hooks()
+
+    def _trainable(self) -> list[torch.Tensor]:
+        return [p for g in self.param_groups for p in g["params"] if p.requires_grad]
+
+    def _register_hooks(self) -> None:
+        if self._groups is not None:
+            self._form_groups()
+        for p in self._trainable():
+            self._requires_update.add(p)
+            self._hooks.append(p.register_post_accumulate_grad_hook(self._make_hook(p)))
+
+    def _form_groups(self) -> None:
+        from hvdrunner.engine.functions import broadcast_object
+
+        params = self._trainable()
+        # Rank 0's order, so that every rank forms the same groups.
+        order = broadcast_object([self._parameter_names[p] for p in params], root_rank=0,
+                                 name="optimizer.parameter_order", process_set=self.process_set)  # fmt: skip
+        params.sort(key=lambda p: order.index(self._parameter_names[p]))
+        if isinstance(self._groups, list):
+            ids = {id(p) for p in params}
+            formed = [tuple(p for p in g if id(p) in ids) for g in self._groups]
+            grouped = {id(p) for g in formed for p in g}
+            formed += [(p,) for p in params if id(p) not in grouped]
+        else:
+            n = self._groups
+            size, extra = divmod(len(params), n)
+            formed, start = [], 0
+            for i in range(n):
+                stop = start + size + (1 if i < extra else 0)
+                formed.append(tuple(params[start:stop]))
+                start = stop
+        for group in (g for g in formed if g):
+            for p in group:
+                self._p_to_group[p] = group
+            self._group_counts[group] = 0
+
+    def _make_hook(self, p: torch.Tensor) -> Any:
+        def hook(*_: Any) -> None:
+            if p in self._handles and self._handles[p][0] is not None and self._delay[p] <= 0:
+                raise AssertionError(
+                    "Gradients were computed more than backward_passes_per_step times before "
+                    "call to step(). Increase backward_passes_per_step to accumulate gradients "
+                    "locally."
+                )
+            self._delay[p] -= 1
+            handle, ctx = None, None
+            if self._delay[p] == 0:
+                if self._groups is not None:
+                    group = self._p_to_group[p]
+                    self._group_counts[group] += 1
+                    if self._group_counts[group] == len(group):
+                        self._handles[group] = self._grouped_async(group)
+                        for q in group:
+                            self._handles.pop(q, None)
+                        self._group_counts[group] = 0
+                    return
+                handle, ctx = self._allreduce_async(p)
+            self._handles[p] = (handle, ctx)
+
+        return hook
+
+    def _scales(self) -> tuple[float, float]:
+        if self.op == AVERAGE:
+            return 1.0 / self.gradient_predivide_factor, self.gradient_predivide_factor
+        return 1.0, 1.0
+
+    def _allreduce_async(self, p: torch.Tensor) -> tuple[Any, Any]:
+        if p.grad is None:  # another rank may have a gradient for it (dynamic graphs)
+            p.grad = torch.zeros_like(p)
+        name, grad = self._parameter_names[p], p.grad
+        if grad.is_sparse:
+            if not self.sparse_as_dense:
+                return ops.sparse_allreduce_async(grad, name, self.op, self.process_set), None
+            grad = grad.to_dense()
+        sent, ctx = self._compression.compress(grad)
+        pre, post = self._scales()
+        handle = ops.allreduce_async_(sent, name=name, op=self.op, prescale_factor=pre,
+                                      postscale_factor=post, process_set=self.process_set)  # fmt: skip
+        return handle, ctx
+
+    def _grouped_async(self, group: tuple[torch.Tensor, ...]) -> tuple[Any, Any]:
+        for p in group:
+            if p.grad is None:
+                p.grad = torch.zeros_like(p)
+        sent, ctxs = zip(*[self._compression.compress(p.grad) for p in group], strict=False)
+        pre, post = self._scales()
+        handle = ops.grouped_allreduce_async_(list(sent), name=self._parameter_names[group[0]], op=self.op,
+                                              prescale_factor=pre, postscale_factor=post,
+                                              process_set=self.process_set)  # fmt: skip
+        return handle, ctxs
+
+    def synchronize(self) -> None:
+        """Wait for every gradient's allreduce (requesting those backward did not reach)."""
+        if not self.process_set.included():
+            self._synchronized = True
+            return
+        done: set[torch.Tensor] = set()
+        for key in self._handles:
+            done.update(key) if isinstance(key, tuple) else done.add(key)
+        for p in self._requires_update - done:
+            self._handles[p] = self._allreduce_async(p)
+        for key, (handle, _ctx) in list(self._handles.items()):
+            if handle is None:
+                self._handles[key] = self._allreduce_async(key)
+        for key, (handle, ctx) in self._handles.items():
+            if isinstance(key, tuple):
+                for p, out, c in zip(key, synchronize(handle), ctx, strict=False):
+                    self._delay[p] = self.backward_passes_per_step
+                    p.grad.set_(self._compression.decompress(out, c))
+                continue
+            out = synchronize(handle)
+            self._delay[key] = self.backward_passes_per_step
+            if key.grad.is_sparse:
+                merged = self._compression.decompress(out, ctx)
+                key.grad.zero_().add_(merged if merged.is_sparse else merged.to_sparse())
+            else:
+                key.grad.set_(self._compression.decompress(out, ctx))
+        for group in self._group_counts:
+            self._group_counts[group] = 0
+        self._handles.clear()
+        self._synchronized = True
+
+    @contextlib.contextmanager
+    def skip_synchronize(self) -> Iterator[None]:
+        """``step()`` inside does not synchronize (call ``synchronize()`` yourself first)."""
+        self._should_synchronize = False
+        try:
+            yield
+        finally:
+            self._should_synchronize = True
+
+    def step(self, closure: Any = None) -> Any:
+        if self._should_synchronize:
+            if self._synchronized:
+                warnings.warn(
+                    "optimizer.step() called without optimizer.skip_synchronize() context after "
+                    "optimizer.synchronize(). This can cause training slowdown. You may want to "
+                    "consider using optimizer.skip_synchronize() context if you use "
+                    "optimizer.synchronize() in your code.", stacklevel=2,
+                )  # fmt: skip
+            self.synchronize()
+        self._synchronized = False
+        return super(self._hvd_base, self).step(closure)  # type: ignore[attr-defined]
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        if self._handles:
+            raise AssertionError(
+                "optimizer.zero_grad() was called after loss.backward() but before "
+                "optimizer.step() or optimizer.synchronize(). This is prohibited as it can "
+                "cause a race condition."
+            )
+        return super(self._hvd_base, self).zero_grad(set_to_none)  # type: ignore[attr-defined]
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        self._handles = {}
+        self._synchronized = False
+        self._should_synchronize = True
+        for p in self._delay:
+            self._delay[p] = self.backward_passes_per_step
+        super(self._hvd_base, self).load_state_dict(state_dict)  # type: ignore[attr-defined]
+
+    def set_backward_passes_per_step(self, passes: int) -> None:
+        self.backward_passes_per_step = passes
+        for p in self._delay:
+            self._delay[p] = passes
+
+
+def _parameter_names(param_groups: list[dict[str, Any]],
+                     named: list[tuple[str, torch.Tensor]] | None) -> dict[torch.Tensor, str]:  # fmt: skip
+    if named is None:
+        return {p: f"allreduce.noname.{i}.{j}" for i, g in enumerate(param_groups)
+                for j, p in enumerate(g["params"])}  # fmt: skip
+    if any(not isinstance(item, tuple) for item in named):
+        raise ValueError("named_parameters should be a sequence of tuples (name, parameter), "
+                         "usually produced by model.named_parameters().")  # fmt: skip
+    names = [k for k, _ in named]
+    dups = sorted({k for k in names if names.count(k) > 1})
+    if dups:
+        raise ValueError("Parameter names in named_parameters must be unique. Found duplicates: "
+                         + ", ".join(dups))  # fmt: skip
+    known = {id(v) for _, v in named}
+    unnamed = [id(p) for g in param_groups for p in g["params"] if id(p) not in known]
+    if unnamed:
+        raise ValueError("named_parameters was specified, but one or more model parameters were "
+                         "not named. Python object ids: " + ", ".join(map(str, unnamed)))  # fmt: skip
+    return {v: k for k, v in sorted(named, key=lambda kv: kv[0])}
+
+
+def _check_groups(groups: Any) -> Any:
+    if groups is None:
+        return None
+    if isinstance(groups, list):
+        seen: set[int] = set()
+        for group in groups:
+            for p in group:
+                if not isinstance(p, torch.Tensor):
+                    raise ValueError("groups must consist of torch.Tensor.")
+                if id(p) in seen:
+                    raise ValueError("A parameter can only appear once in groups.")
+                seen.add(id(p))
+        return groups
+    if isinstance(groups, bool) or not isinstance(groups, int) or groups <= 0:
+        raise ValueError(
+            "groups should be a non-negative integer or a list of list of torch.Tensor."
+        )
+    return groups
+
+
+def DistributedOptimizer(  # noqa: N802 - Horovod's name
+    optimizer: torch.optim.Optimizer,
+    named_parameters: Iterable[tuple[str, torch.Tensor]] | None = None,
+    compression: type[Compressor] = Compression.none,
+    backward_passes_per_step: int = 1,
+    op: int = AVERAGE,
+    gradient_predivide_factor: float = 1.0,
+    num_groups: int = 0,
+    groups: Any = None,
+    sparse_as_dense: bool = False,
+    process_set: ProcessSet = global_process_set,
+) -> torch.optim.Optimizer:
+    """``optimizer`` whose ``step()`` first averages the gradients over the ranks (Horovod's
+    arguments and behaviour; ``op=hvd.Adasum`` is refused, naming why)."""
+    if gradient_predivide_factor != 1.0 and op != AVERAGE:
+        raise ValueError("gradient_predivide_factor not supported with op != Average")
+    if num_groups != 0:
+        warnings.warn("Parameter `num_groups` has been replaced by `groups` and will be removed "
+                      "in v0.23.0.", DeprecationWarning, stacklevel=2)  # fmt: skip
+        groups = num_groups if groups is None else groups
+    if backward_passes_per_step <= 0:
+        raise ValueError("backward_passes_per_step must be > 0")
+    if op == ADASUM and state.size() > 1:
+        raise NotImplementedError(ADASUM_REFUSED)
+    base = optimizer.__class__
+    cls = type(base.__name__, (base,), {k: v for k, v in vars(_Distributed).items()
+                                        if k not in ("__dict__", "__weakref__")})  # fmt: skip
+    cls._hvd_base = cls  # type: ignore[attr-defined]
+    wrapped: Any = object.__new__(cls)
+    torch.optim.Optimizer.__init__(wrapped, optimizer.param_groups, optimizer.defaults)
+    named = list(named_parameters) if named_parameters is not None else None
+    wrapped._hvd_setup(named, compression, backward_passes_per_step, op,
+                       gradient_predivide_factor, groups, sparse_as_dense, process_set)  # fmt: skip
+    return wrapped

@@ -1,0 +1,114 @@
+"""What a rank asks of the others: a named request, what every rank must agree on, and the
+handle the caller waits on.
+
+A request's ``signature`` is what every rank of its process set must send alike (the
+operation, dtype, device, shapes but the first dimension where ranks may differ, the
+reduction, the root); ``local`` is what may differ and is exchanged with it (an allgather's
+first dimension, an alltoall's splits). Ranks that disagree get an error naming both sides,
+as Horovod's coordinator gives.
+
+Example:
+    >>> h = Handle("allreduce.x")
+    >>> h.finish(3); h.done(), h.wait()
+    (True, 3)
+"""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+ALLREDUCE, ALLGATHER, BROADCAST = "allreduce", "allgather", "broadcast"
+ALLTOALL, REDUCESCATTER, BARRIER = "alltoall", "reducescatter", "barrier"
+
+#: Horovod's reduction ops, by the values ``horovod.torch`` gives them.
+AVERAGE, SUM, ADASUM, MIN, MAX, PRODUCT = 0, 1, 2, 3, 4, 5
+OP_NAMES = {AVERAGE: "Average", SUM: "Sum", ADASUM: "Adasum", MIN: "Min", MAX: "Max",
+            PRODUCT: "Product"}  # fmt: skip
+
+
+class Handle:
+    """One request's completion: its result or its error, set once by the engine."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self._event = threading.Event()
+        self._result: Any = None
+        self._error: BaseException | None = None
+
+    def finish(self, result: Any) -> None:
+        self._result = result
+        self._event.set()
+
+    def fail(self, error: BaseException) -> None:
+        if not self._event.is_set():
+            self._error = error
+            self._event.set()
+
+    def done(self) -> bool:
+        return self._event.is_set()
+
+    def wait(self) -> Any:
+        self._event.wait()
+        if self._error is not None:
+            raise self._error
+        return self._result
+
+
+@dataclass
+class Request:
+    """One collective asked for by this rank (never sent whole: only its announcement)."""
+
+    name: str
+    kind: str
+    ps_id: int
+    signature: tuple[Any, ...]
+    local: tuple[Any, ...] = ()
+    tensors: list[torch.Tensor] = field(default_factory=list)
+    outputs: list[torch.Tensor] | None = None  # in place: the results go here
+    params: dict[str, Any] = field(default_factory=dict)
+    handle: Handle = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.handle = Handle(self.name)
+
+    def announcement(self) -> tuple[str, str, int, tuple[Any, ...], tuple[Any, ...]]:
+        return (self.name, self.kind, self.ps_id, self.signature, self.local)
+
+
+def describe(t: torch.Tensor) -> tuple[str, str, tuple[int, ...]]:
+    """``(dtype, device type, shape)`` of a tensor, as compared across ranks."""
+    return (str(t.dtype).replace("torch.", ""), t.device.type, tuple(t.shape))
+
+
+def scale_key(factor: float) -> float:
+    """A scale factor as ranks compare it (a float, exactly)."""
+    return float(factor)
+
+
+def mismatch_message(kind: str, what: str, mine: Any, theirs: Any, ranks: tuple[int, int]) -> str:
+    """Horovod's wording, with the two ranks named."""
+    return (
+        f"Mismatched {kind} {what}: rank {ranks[0]} sent {mine}, but rank {ranks[1]} sent "
+        f"{theirs}. Every rank must call the same collectives with the same arguments."
+    )
+
+
+def first_difference(kind: str, sigs: dict[int, tuple[Any, ...]], fields: tuple[str, ...]) -> str:
+    """The first field in which two ranks' signatures differ, worded as Horovod does."""
+    ranks = sorted(sigs)
+    base = ranks[0]
+    for other in ranks[1:]:
+        a, b = sigs[base], sigs[other]
+        if a == b:
+            continue
+        for i, name in enumerate(fields):
+            if i >= len(a) or i >= len(b) or a[i] != b[i]:
+                left = a[i] if i < len(a) else None
+                right = b[i] if i < len(b) else None
+                return mismatch_message(kind, name, left, right, (base, other))
+        return mismatch_message(kind, "arguments", a, b, (base, other))
+    return f"Mismatched {kind}"  # pragma: no cover - called only on a difference

@@ -1,0 +1,227 @@
+"""The engine of one ``init()``: the world, its groups, the registered process sets and the
+negotiator; ``init``/``shutdown`` and the topology queries of Horovod's API.
+
+Example:
+    >>> init(); (rank(), size(), is_initialized())
+    (0, 1, True)
+    >>> shutdown(); is_initialized()
+    False
+"""
+
+from __future__ import annotations
+
+import atexit
+import itertools
+import os
+import threading
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch.distributed as dist
+
+from hvdrunner.engine import execute, negotiator, timeline, world
+from hvdrunner.engine import process_sets as set_registry
+from hvdrunner.engine.process_sets import ProcessSet, global_process_set
+from hvdrunner.engine.requests import Request
+
+NOT_INITIALIZED = "Horovod has not been initialized; use hvd.init()."
+TIMELINE_ENV = "HOROVOD_TIMELINE"
+
+
+@dataclass
+class ProcessSetState:
+    """A registered process set on this rank: its ranks, groups and negotiator (``None``
+    on a rank outside the set)."""
+
+    ranks: tuple[int, ...]
+    data: Any
+    negotiator: negotiator.Negotiator | None
+
+
+@dataclass
+class Engine:
+    """Everything one ``init()`` made; gone at ``shutdown()``."""
+
+    topology: world.Topology
+    groups: world.Groups
+    sets: dict[int, ProcessSetState] = field(default_factory=dict)
+    next_set_id: int = 1
+    counters: dict[str, itertools.count[int]] = field(default_factory=dict)
+
+    def open_set(self, ps_id: int, ranks: tuple[int, ...], data: Any, control: Any) -> None:
+        """Register a set: its negotiator runs on this rank when the rank belongs to it."""
+        me = self.topology.rank
+        found = None
+        if me in ranks:
+            run = execute.Executor(me, lambda _: (data, ranks))
+            found = negotiator.Negotiator(control, ranks, me, run)
+        self.sets[ps_id] = ProcessSetState(ranks, data, found)
+
+    def auto_name(self, kind: str) -> str:
+        """``<op>.noname.<n>``: the same on every rank that calls the same ops in order."""
+        return f"{kind}.noname.{next(self.counters.setdefault(kind, itertools.count(1)))}"
+
+
+_lock = threading.RLock()
+_engine: Engine | None = None
+
+
+def current() -> Engine:
+    """The running engine, or Horovod's ``ValueError`` naming ``hvd.init()``."""
+    if _engine is None:
+        raise ValueError(NOT_INITIALIZED)
+    return _engine
+
+
+def init(comm: Any = None, process_sets: Sequence[ProcessSet] | None = None) -> None:
+    """Join the job (a no-op when already initialised); ``process_sets`` are registered at
+    once, in order, on every rank."""
+    global _engine
+    if comm is not None:
+        raise ValueError(
+            "hvd.init(comm=...): an MPI communicator needs Horovod's MPI build; hvdrunner's "
+            "engine runs gloo and NCCL (pass process_sets=[hvd.ProcessSet(ranks)] instead)"
+        )
+    with _lock:
+        if _engine is not None:
+            return
+        env = world.World.from_environment()
+        groups, topology = world.join_world(env)
+        engine = Engine(topology, groups)
+        engine.open_set(0, tuple(range(topology.size)), groups.data, groups.control)
+        _engine = engine
+        set_registry.bind(topology.rank)
+        global_process_set.ranks = list(range(topology.size))
+        for ps in process_sets or ():
+            add_process_set(ps)
+        path = os.environ.get(TIMELINE_ENV, "")
+        if path and path != "DYNAMIC" and topology.rank == 0:
+            timeline.start(path)
+
+
+def shutdown() -> None:
+    """Leave the job: the last round with the other ranks, then the groups go. A no-op when
+    not initialised."""
+    global _engine
+    with _lock:
+        engine, _engine = _engine, None
+        if engine is None:
+            return
+        for ps_id in sorted(engine.sets, reverse=True):  # the global set last
+            _close_set(engine.sets[ps_id], destroy=ps_id != 0)
+        if all(s.negotiator is None or not s.negotiator.alive() for s in engine.sets.values()):
+            world.leave_world(engine.groups)
+        set_registry.bind(None)
+        timeline.stop()
+
+
+def _close_set(found: ProcessSetState, destroy: bool) -> None:
+    if found.negotiator is not None:
+        found.negotiator.close()
+        if destroy and not found.negotiator.alive():
+            _destroy(found.negotiator.control)
+    if destroy:
+        _destroy(found.data)
+
+
+def _destroy(group: Any) -> None:
+    """Destroy a process set's group; a rank outside the set holds a placeholder, which
+    torch would take for the default group."""
+    if group is None or group is dist.GroupMember.NON_GROUP_MEMBER:
+        return
+    try:
+        dist.destroy_process_group(group)
+    except (RuntimeError, ValueError):
+        pass
+
+
+def is_initialized() -> bool:
+    return _engine is not None
+
+
+def submit(request: Request) -> Request:
+    found = current().sets.get(request.ps_id)
+    if found is None or found.negotiator is None:
+        raise ValueError(f"process set {request.ps_id} is not registered on this rank")
+    timeline.negotiating(request.kind, request.name)
+    return found.negotiator.submit(request)
+
+
+def negotiator_of(ps_id: int = 0) -> negotiator.Negotiator:
+    found = current().sets.get(ps_id)
+    if found is None or found.negotiator is None:
+        raise ValueError(f"process set {ps_id} is not registered on this rank")
+    return found.negotiator
+
+
+def add_process_set(process_set: ProcessSet | Sequence[int]) -> ProcessSet:
+    """Register a process set on every rank (every rank calls this, in the same order)."""
+    ps = process_set if isinstance(process_set, ProcessSet) else ProcessSet(process_set)
+    engine = current()
+    ranks = tuple(ps.ranks or ())
+    size = engine.topology.size
+    if not ranks or any(r < 0 or r >= size for r in ranks) or len(set(ranks)) != len(ranks):
+        raise ValueError(f"a process set needs distinct ranks in [0, {size}); got {list(ranks)}")
+    if any(known.ranks == ranks for known in engine.sets.values()):
+        raise ValueError(f"Attempted to add a duplicate process set: {ps}")
+    # Every rank creates every set's groups (torch's rule), members or not.
+    data = dist.new_group(list(ranks), timeout=world.data_timeout(), backend=world.data_backend())
+    control = dist.new_group(list(ranks), timeout=world.ROUND_TIMEOUT, backend="gloo")
+    ps.process_set_id = engine.next_set_id
+    engine.next_set_id += 1
+    engine.open_set(ps.process_set_id, ranks, data, control)
+    return ps
+
+
+def remove_process_set(process_set: ProcessSet) -> bool:
+    """Unregister a process set on every rank; ``False`` when it was not registered."""
+    engine = current()
+    ps_id = process_set.process_set_id
+    if ps_id in (None, 0) or ps_id not in engine.sets:
+        return False
+    _close_set(engine.sets.pop(ps_id), destroy=True)
+    process_set._invalidate()
+    return True
+
+
+def resolve(process_set: ProcessSet) -> tuple[int, tuple[int, ...]]:
+    """``(id, ranks)`` of a registered set this rank belongs to, or the error naming why."""
+    engine = current()
+    ps_id = process_set.process_set_id
+    if ps_id is None or ps_id not in engine.sets:
+        raise ValueError(f"{process_set} is not registered: call hvd.add_process_set() first")
+    ranks = engine.sets[ps_id].ranks
+    if engine.topology.rank not in ranks:
+        raise RuntimeError(
+            f"rank {engine.topology.rank} is not in {process_set}: only its ranks may run "
+            f"collectives on it"
+        )
+    return ps_id, ranks
+
+
+def rank() -> int:
+    return current().topology.rank
+
+
+def size() -> int:
+    return current().topology.size
+
+
+def local_rank() -> int:
+    return current().topology.local_rank
+
+
+def local_size() -> int:
+    return current().topology.local_size
+
+
+def cross_rank() -> int:
+    return current().topology.cross_rank
+
+
+def cross_size() -> int:
+    return current().topology.cross_size
+
+
+atexit.register(shutdown)

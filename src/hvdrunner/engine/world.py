@@ -1,0 +1,227 @@
+"""Who the ranks are and how they reach each other: ``init``/``shutdown`` and the topology.
+
+The ranks meet through ``torch.distributed``'s TCP store at ``MASTER_ADDR:MASTER_PORT`` (rank 0
+serves it). Where they learn their place, in this order:
+
+- Horovod's environment (``HOROVOD_RANK``, ``HOROVOD_SIZE``, ``HOROVOD_LOCAL_RANK``, ...),
+  which HorovodRunner and ``horovodrun`` set;
+- torch's standard one (``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``, ``LOCAL_WORLD_SIZE``), which
+  ``torchrun``, TorchDistributor and Databricks' serverless ``@distributed`` set;
+- neither: a world of one process, as ``horovod.torch`` in a plain Python process.
+
+The store outlives ``shutdown()``: each ``init()`` meets under a new prefix of it, so init after
+shutdown (Horovod's own test suite, an elastic reset) never races a closing port. The engine
+keeps its own process groups (one for data, one for its negotiation rounds) and initialises
+torch's default group too, when nobody has, so libraries that read it see the job.
+
+Example:
+    >>> w = World.from_environment({})
+    >>> (w.rank, w.size, w.local_rank, w.local_size, w.cross_rank, w.cross_size)
+    (0, 1, 0, 1, 0, 1)
+"""
+
+from __future__ import annotations
+
+import datetime
+import os
+import socket
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+
+#: How long a negotiation round may wait for a peer that is busy computing: Horovod has no
+#: such bound (a rank may train for hours between collectives); a dead peer is seen at once
+#: (its sockets close), and HorovodRunner's stall watchdog bounds the rest.
+ROUND_TIMEOUT = datetime.timedelta(days=7)
+#: A data collective starts only once every rank agreed on it, so it ends promptly or fails.
+DATA_TIMEOUT_ENV = "HVDRUNNER_COLLECTIVE_TIMEOUT_S"
+DATA_TIMEOUT_S = 1800.0
+#: How long a rank waits for the store at MASTER_ADDR:MASTER_PORT (rank 0 may start later).
+STORE_TIMEOUT = datetime.timedelta(seconds=300)
+
+NO_ADDRESS = (
+    "hvd.init(): this process is rank {rank} of {size}, but MASTER_ADDR and MASTER_PORT are not "
+    "set, so it cannot find rank 0. HorovodRunner, torchrun, TorchDistributor and Databricks' "
+    "@distributed set them; when you start the processes yourself, set MASTER_ADDR to rank 0's "
+    "address and MASTER_PORT to a free port there, in every rank."
+)
+
+
+def _first(env: Mapping[str, str], *names: str) -> int | None:
+    for name in names:
+        value = env.get(name)
+        if value not in (None, ""):
+            try:
+                return int(value)
+            except ValueError:
+                raise ValueError(f"hvd.init(): {name}={value!r} is not an integer") from None
+    return None
+
+
+@dataclass(frozen=True)
+class World:
+    """This process's place in the job, as the environment gives it (``None``: derive it
+    from every rank's host name once the ranks have met)."""
+
+    rank: int
+    size: int
+    local_rank: int | None
+    local_size: int | None
+    cross_rank: int | None
+    cross_size: int | None
+    master: tuple[str, int] | None
+
+    @classmethod
+    def from_environment(cls, env: Mapping[str, str] | None = None) -> World:
+        """Read Horovod's variables first, then torch's (see the module docstring)."""
+        env = os.environ if env is None else env
+        rank = _first(env, "HOROVOD_RANK", "RANK")
+        size = _first(env, "HOROVOD_SIZE", "WORLD_SIZE")
+        if rank is None or size is None:
+            rank, size = 0, 1
+        if not 0 <= rank < size:
+            raise ValueError(f"hvd.init(): rank {rank} is not in a world of {size} ranks")
+        local_rank = _first(env, "HOROVOD_LOCAL_RANK", "LOCAL_RANK")
+        local_size = _first(env, "HOROVOD_LOCAL_SIZE", "LOCAL_WORLD_SIZE")
+        cross_rank = _first(env, "HOROVOD_CROSS_RANK", "GROUP_RANK")
+        cross_size = _first(env, "HOROVOD_CROSS_SIZE")
+        if size == 1:
+            local_rank, local_size, cross_rank, cross_size = 0, 1, 0, 1
+        port = _first(env, "MASTER_PORT")
+        addr = env.get("MASTER_ADDR")
+        master = (addr, port) if addr and port is not None else None
+        if size > 1 and master is None:
+            raise ValueError(NO_ADDRESS.format(rank=rank, size=size))
+        return cls(rank, size, local_rank, local_size, cross_rank, cross_size, master)
+
+
+@dataclass(frozen=True)
+class Topology:
+    """Every rank's place, complete."""
+
+    rank: int
+    size: int
+    local_rank: int
+    local_size: int
+    cross_rank: int
+    cross_size: int
+
+
+def topology_from_hosts(world: World, hosts: list[str]) -> Topology:
+    """Fill what the environment left out from every rank's host name (``hosts[r]``):
+    local ranks number the ranks of one host, cross ranks number the hosts."""
+    me = hosts[world.rank]
+    order = list(dict.fromkeys(hosts))
+    counts = {h: hosts.count(h) for h in order}
+    local_rank = world.local_rank
+    if local_rank is None:
+        local_rank = [r for r, h in enumerate(hosts) if h == me].index(world.rank)
+    local_size = world.local_size if world.local_size is not None else counts[me]
+    # cross ranks: the hosts that have a rank with this local rank, in order of first rank
+    with_slot = [h for h in order if counts[h] > local_rank]
+    cross_rank = world.cross_rank if world.cross_rank is not None else with_slot.index(me)
+    cross_size = world.cross_size if world.cross_size is not None else len(with_slot)
+    return Topology(world.rank, world.size, local_rank, local_size, cross_rank, cross_size)
+
+
+class _Stores:
+    """One TCP store per process (rank 0 serves it), reused by every ``init()``."""
+
+    def __init__(self) -> None:
+        self._store: dist.Store | None = None
+        self._key: tuple[str, int, int] | None = None
+        self.generation = 0
+
+    def next(self, world: World) -> dist.Store:
+        """A fresh prefix of the store for this ``init()``, the same on every rank."""
+        if world.size == 1:
+            self.generation += 1
+            return dist.HashStore()
+        assert world.master is not None
+        key = (world.master[0], world.master[1], world.size)
+        if self._store is None or self._key != key:
+            self._store = dist.TCPStore(
+                world.master[0], world.master[1], world.size, world.rank == 0,
+                timeout=STORE_TIMEOUT, wait_for_workers=False,
+            )  # fmt: skip
+            self._key = key
+            self.generation = 0
+        self.generation += 1
+        return dist.PrefixStore(f"hvdrunner/{self.generation}/", self._store)
+
+
+STORES = _Stores()
+
+
+def data_backend() -> str:
+    """gloo for CPU tensors, NCCL for CUDA tensors where torch has both."""
+    if torch.cuda.is_available() and dist.is_nccl_available():
+        return "cpu:gloo,cuda:nccl"
+    return "gloo"
+
+
+def data_timeout() -> datetime.timedelta:
+    raw = os.environ.get(DATA_TIMEOUT_ENV, "")
+    try:
+        seconds = float(raw) if raw else DATA_TIMEOUT_S
+    except ValueError:
+        raise ValueError(f"{DATA_TIMEOUT_ENV}={raw!r} is not a number of seconds") from None
+    return datetime.timedelta(seconds=seconds)
+
+
+@dataclass
+class Groups:
+    """The process groups of one ``init()``: ``data`` carries tensors, ``control`` the
+    negotiation rounds; ``owns_default`` when this init created torch's default group."""
+
+    data: dist.ProcessGroup
+    control: dist.ProcessGroup
+    owns_default: bool
+
+
+def join_world(world: World) -> tuple[Groups, Topology]:
+    """Meet the other ranks: torch's default group (unless one exists), the engine's own
+    groups, and every rank's host name for the topology."""
+    owns = False
+    if not dist.is_initialized():
+        store = STORES.next(world)
+        dist.init_process_group(
+            data_backend(), store=store, rank=world.rank, world_size=world.size,
+            timeout=data_timeout(),
+        )  # fmt: skip
+        owns = True
+    elif dist.get_world_size() != world.size or dist.get_rank() != world.rank:
+        raise RuntimeError(
+            f"hvd.init(): torch.distributed is already initialised as rank {dist.get_rank()} "
+            f"of {dist.get_world_size()}, but the environment says rank {world.rank} of "
+            f"{world.size}. Start the job with one launcher's environment."
+        )
+    ranks = list(range(world.size))
+    data = dist.new_group(ranks, timeout=data_timeout(), backend=data_backend())
+    control = dist.new_group(ranks, timeout=ROUND_TIMEOUT, backend="gloo")
+    hosts: list[str] = [""] * world.size
+    dist.all_gather_object(hosts, _host_name(), group=control)
+    return Groups(data, control, owns), topology_from_hosts(world, hosts)
+
+
+def _host_name() -> str:
+    """This host's identity: its name plus the network namespace (two namespaces on one
+    machine are two hosts, as Horovod counts them)."""
+    try:
+        netns = os.readlink("/proc/self/ns/net")
+    except OSError:
+        netns = ""
+    return f"{socket.gethostname()}|{netns}"
+
+
+def leave_world(groups: Groups) -> None:
+    """Destroy this init's groups (and torch's default group when this init made it)."""
+    for group in (groups.data, groups.control):
+        try:
+            dist.destroy_process_group(group)
+        except (RuntimeError, ValueError):  # already gone with a failed peer
+            pass
+    if groups.owns_default and dist.is_initialized():
+        dist.destroy_process_group()
