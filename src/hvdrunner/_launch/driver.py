@@ -48,6 +48,7 @@ class _Conn:
         self.address: str | None = None
         self.hostname: str | None = None  # the host's own name and its address towards us
         self.ip: str | None = None
+        self.port: int | None = None  # free on its host at registration (MASTER_PORT)
         self.rank: int | None = None
         self.exited = False
         self.lost = False  # disconnected (or silent) before its exit report
@@ -57,6 +58,20 @@ class _Conn:
         """``host (ip)`` for messages."""
         name = self.hostname or self.address or "an unknown host"
         return f"{name} ({self.ip})" if self.ip and self.ip != name else name
+
+
+def torch_env(slot: Any, master_addr: str | None, master_port: int | None) -> dict[str, str]:
+    """torch's standard environment for a rank (what torchrun sets), so that
+    ``torch.distributed`` (hvdrunner's engine, Lightning, Mosaic Streaming...) sees the job as
+    Horovod does: rank 0's address and a port that was free there."""
+    env = {
+        "RANK": str(slot.rank), "WORLD_SIZE": str(slot.size),
+        "LOCAL_RANK": str(slot.local_rank), "LOCAL_WORLD_SIZE": str(slot.local_size),
+        "GROUP_RANK": str(slot.cross_rank),
+    }  # fmt: skip
+    if master_addr and master_port:
+        env.update({"MASTER_ADDR": master_addr, "MASTER_PORT": str(master_port)})
+    return env
 
 
 class DriverService:
@@ -182,25 +197,26 @@ class DriverService:
         plan = get_host_assignments(hosts, self.np)
         self._rendezvous, rendezvous_port = rendezvous.start(plan)
         slots = iter(plan)
-        for cs in by_host.values():
-            for conn in cs:
-                slot = next(slots)
-                conn.rank = slot.rank
-                env = create_slot_env_vars(slot)
-                env.update(self._extra_env)
-                if self._resume_commit is not None:
-                    env[commits.RESUME_ENV] = "1"
-                env.update(
-                    {
-                        "HOROVOD_GLOO_RENDEZVOUS_ADDR": self._rendezvous_addr,
-                        "HOROVOD_GLOO_RENDEZVOUS_PORT": str(rendezvous_port),
-                        "HOROVOD_CONTROLLER": "gloo",
-                        "HOROVOD_CPU_OPERATIONS": "gloo",
-                        protocol.NUM_HOSTS_ENV: num_hosts,
-                    }
-                )
-                commit = self._resume_commit if slot.rank == 0 else None
-                conn.channel.send(protocol.Assign(env, commit))
+        pairs = [(conn, next(slots)) for cs in by_host.values() for conn in cs]
+        rank0 = next(conn for conn, slot in pairs if slot.rank == 0)
+        for conn, slot in pairs:
+            conn.rank = slot.rank
+            env = create_slot_env_vars(slot)
+            env.update(self._extra_env)
+            if self._resume_commit is not None:
+                env[commits.RESUME_ENV] = "1"
+            env.update(
+                {
+                    "HOROVOD_GLOO_RENDEZVOUS_ADDR": self._rendezvous_addr,
+                    "HOROVOD_GLOO_RENDEZVOUS_PORT": str(rendezvous_port),
+                    "HOROVOD_CONTROLLER": "gloo",
+                    "HOROVOD_CPU_OPERATIONS": "gloo",
+                    protocol.NUM_HOSTS_ENV: num_hosts,
+                }
+            )
+            env.update(torch_env(slot, rank0.ip or rank0.address, rank0.port))
+            commit = self._resume_commit if slot.rank == 0 else None
+            conn.channel.send(protocol.Assign(env, commit))
 
     def abort(self) -> None:
         """Tell every connected rank to stop (their supervisors kill the rank processes)."""

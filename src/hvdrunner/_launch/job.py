@@ -74,7 +74,7 @@ class JobState:
 
     def on_register(self, task: Task, msg: Register) -> None:
         task.partition, task.host, task.address = msg.partition, msg.host, msg.address
-        task.hostname, task.ip = msg.hostname, msg.ip
+        task.hostname, task.ip, task.port = msg.hostname, msg.ip, msg.port
         self.registered.append(task)
         self._builds[msg.horovod] = self._builds.get(msg.horovod, []) + [msg.hostname or msg.host]
         if len(self.registered) < self.np:

@@ -144,6 +144,9 @@ class Register:
     hostname: str | None = None
     ip: str | None = None
     horovod: str | None = None  # multihost.horovod_build(): every host must have the same
+    # A port that was free on this host when the task registered: rank 0's becomes
+    # MASTER_PORT, where torch.distributed's store listens (hvdrunner.engine, libraries).
+    port: int | None = None
 
 
 @dataclass(frozen=True)

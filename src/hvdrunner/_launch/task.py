@@ -77,6 +77,14 @@ def local_ip_towards(host: str, port: int) -> str:
         return str(s.getsockname()[0])
 
 
+def free_port() -> int:
+    """A TCP port free on this host now (the kernel's pick; released at once, as
+    TorchDistributor does: rank 0's store binds it moments later)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("", 0))
+        return int(s.getsockname()[1])
+
+
 def _rank_env(
     spec: TaskSpec, assigned: dict[str, str], address: str, ip: str, task_gpus: Sequence[str]
 ) -> dict[str, str]:
@@ -95,6 +103,7 @@ def _rank_env(
     multihost.check_host(int(assigned.get(protocol.NUM_HOSTS_ENV, "1")), cluster_ip=ip, iface=iface)
     env["HOROVOD_GLOO_IFACE"] = iface
     env["NCCL_SOCKET_IFNAME"] = iface
+    env.setdefault("GLOO_SOCKET_IFNAME", iface)  # torch.distributed's gloo (the engine)
     gpus = cuda_visible_devices(
         task_gpus,
         int(assigned["HOROVOD_LOCAL_RANK"]),
@@ -148,7 +157,7 @@ def run_slot(spec: TaskSpec, partition: int, address: str, task_gpus: Sequence[s
     try:
         # hostname and ip name this host in errors (a lost host, a broken one).
         channel.send(protocol.Register(partition, host, address, socket.gethostname(), ip,
-                                       multihost.horovod_build()))  # fmt: skip
+                                       multihost.horovod_build(), free_port()))  # fmt: skip
         message = protocol.expect(channel.recv(), protocol.TO_TASK, "the driver")
         while isinstance(message, protocol.Beat):
             message = protocol.expect(channel.recv(), protocol.TO_TASK, "the driver")
