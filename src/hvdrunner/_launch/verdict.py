@@ -24,6 +24,7 @@ class Task(Protocol):
     address: str | None
     hostname: str | None
     ip: str | None
+    port: int | None
     rank: int | None
     exited: bool
     lost: bool

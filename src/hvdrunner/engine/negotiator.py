@@ -21,10 +21,12 @@ another rank (so that rank finds it there); a round with no progress waits one c
 
 from __future__ import annotations
 
+import contextlib
 import os
 import pickle
 import threading
-from collections.abc import Callable
+import time
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -42,6 +44,9 @@ SIG_FIELDS = ("operation", "data type", "device", "tensor shapes", "reduction op
 CYCLE_ENV, CYCLE_MS = "HOROVOD_CYCLE_TIME", 1.0
 #: How long shutdown() waits for the last round with the other ranks.
 SHUTDOWN_WAIT_S = 30.0
+#: How long every rank of a set may wait on requests that cannot be matched before all of
+#: them are told so (a deadlock: e.g. ranks made different numbers of unnamed collectives).
+DEADLOCK_S = float(os.environ.get("HVDRUNNER_DEADLOCK_S", "10"))
 #: A round's message fits this many bytes in the common case: one collective per round.
 SLOT_BYTES = 4096
 #: torch >= 2.10 names it all_gather_single (the old name warns); older torch has only that.
@@ -96,6 +101,9 @@ class Negotiator:
         self._saw_shutdown = False
         self.broken: BaseException | None = None
         self._round = 0
+        self._waiting = 0  # callers blocked on this set's requests
+        self._declare = False
+        self._stuck_since: float | None = None
         self._cycle_s = float(os.environ.get(CYCLE_ENV, CYCLE_MS)) / 1000.0
         self._thread = threading.Thread(target=self._loop, name="hvdrunner-engine", daemon=True)
         self._thread.start()
@@ -217,10 +225,11 @@ class Negotiator:
             new, self._new = self._new, []
             for request in new:
                 self._mine[(request.ps_id, request.name)] = request
-            flags = (self._join_handle is not None, self._shutdown)
+            waiting = self._waiting > 0 or self._join_handle is not None
+            flags = (self._join_handle is not None, self._shutdown, waiting, self._declare)
         gathered = self._exchange((flags, [self._encode(r) for r in new]))
         self._round += 1
-        for rank, ((joined, _), announced) in zip(self.ranks, gathered, strict=False):
+        for rank, ((joined, *_), announced) in zip(self.ranks, gathered, strict=False):
             if joined and rank not in self._joined:
                 self._joined[rank] = self._round
             for item in announced:
@@ -228,16 +237,64 @@ class Negotiator:
                 entry = self._table.setdefault((ps_id, name), Entry(kind, ps_id))
                 entry.signatures[rank] = signature
                 entry.locals[rank] = local
-        leaving = [rank for rank, ((_, down), _) in zip(self.ranks, gathered, strict=False) if down]
+        leaving = [rank for rank, ((_, down, *_), _) in zip(self.ranks, gathered, strict=False)
+                   if down]  # fmt: skip
         progressed = bool(any(a for _, a in gathered))
         progressed |= self._run_ready()
         progressed |= self._complete_join()
+        self._watch_for_deadlock(gathered, progressed)
         if leaving:
             self._saw_shutdown = True
             if not self._shutdown:
                 self.broken = RuntimeError(f"rank {leaving[0]} shut down (hvd.shutdown())")
             self._fail_all(HorovodInternalError(f"Horovod has been shut down (rank {leaving[0]})"))
         return progressed
+
+    def _watch_for_deadlock(self, gathered: list[Any], progressed: bool) -> None:
+        """Every rank of the set blocked on a request that another rank never made: nothing
+        can change, so say so on every rank instead of hanging (Horovod stalls there). The
+        set's first rank declares it after ``DEADLOCK_S``; all act in the round it does."""
+        stuck = (not progressed and bool(self._table)
+                 and all(flags[2] for flags, _ in gathered))  # fmt: skip
+        if any(flags[3] for flags, _ in gathered):
+            self._break_deadlock()
+            return
+        if not stuck:
+            self._stuck_since = None
+        elif self._stuck_since is None:
+            self._stuck_since = time.monotonic()
+        elif self.rank == self.ranks[0] and time.monotonic() - self._stuck_since > DEADLOCK_S:
+            self._declare = True
+
+    def _break_deadlock(self) -> None:
+        self._declare, self._stuck_since = False, None
+        lines = []
+        for (_, name), entry in self._table.items():
+            asked = sorted(entry.signatures)
+            missing = [r for r in self.ranks if r not in entry.signatures and r not in self._joined]
+            lines.append(f"{entry.kind} {name!r} asked by rank(s) {asked}, never by {missing}")
+        error = RuntimeError(
+            "Ranks wait on requests the others never made, so none can proceed: "
+            + "; ".join(lines) + ". Every rank must make the same collectives (names differ "
+            "when ranks made different numbers of unnamed ones: give them names)."
+        )  # fmt: skip
+        self._table.clear()
+        with self._lock:
+            mine, self._mine = list(self._mine.values()), {}
+        for request in mine:
+            request.handle.fail(error)
+
+    @contextlib.contextmanager
+    def waiting(self) -> Iterator[None]:
+        """Around a caller blocked on one of this set's requests (the deadlock watch)."""
+        with self._lock:
+            self._waiting += 1
+            self._lock.notify_all()
+        try:
+            yield
+        finally:
+            with self._lock:
+                self._waiting -= 1
 
     def _run_ready(self) -> bool:
         joined = frozenset(self._joined)

@@ -314,9 +314,13 @@ def join(device: int = -1) -> int:
     handle = Handle("join")
     state.negotiator_of(0).join(handle)
     try:
-        return int(handle.wait())
+        last = int(handle.wait())
     except RuntimeError as exc:
         raise HorovodInternalError(str(exc)) from exc
+    # Ranks made different numbers of unnamed requests while some had joined: number the
+    # next ones afresh on every rank, so they match again.
+    state.current().counters.clear()
+    return last
 
 
 # -- handles --------------------------------------------------------------------------------
@@ -340,7 +344,9 @@ def synchronize(handle: Any) -> Any:
         return None
     request, finalize = found
     try:
-        return finalize(request.handle.wait())
+        with state.waiting_on(request.ps_id):
+            result = request.handle.wait()
+        return finalize(result)
     except HorovodInternalError:
         raise
     except RuntimeError as exc:

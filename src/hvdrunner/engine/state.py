@@ -11,6 +11,7 @@ Example:
 from __future__ import annotations
 
 import atexit
+import contextlib
 import itertools
 import os
 import threading
@@ -153,6 +154,16 @@ def negotiator_of(ps_id: int = 0) -> negotiator.Negotiator:
     if found is None or found.negotiator is None:
         raise ValueError(f"process set {ps_id} is not registered on this rank")
     return found.negotiator
+
+
+def waiting_on(ps_id: int) -> contextlib.AbstractContextManager[None]:
+    """Marks the caller blocked on a request of that set (its negotiator's deadlock watch);
+    nothing when the set is gone."""
+    engine = _engine
+    found = engine.sets.get(ps_id) if engine is not None else None
+    if found is None or found.negotiator is None:
+        return contextlib.nullcontext()
+    return found.negotiator.waiting()
 
 
 def add_process_set(process_set: ProcessSet | Sequence[int]) -> ProcessSet:

@@ -1,0 +1,121 @@
+"""hvdrunner.hvd_torch (Horovod's PyTorch API on torch.distributed) on real ranks over gloo:
+every collective against numpy, Horovod's errors on every rank, process sets, join, the
+optimizer's options, SyncBatchNorm and the timeline under torchrun's environment with horovod
+unimportable; the unchanged recipe under HorovodRunner bit for bit against the compiled
+horovod; a dead peer fails the others fast. CPU only here: NCCL is not exercised (no GPU)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from hvdrunner import HorovodRunner
+
+pytestmark = pytest.mark.torch
+
+HELPERS = Path(__file__).parent / "helpers"
+SRC = Path(__file__).resolve().parents[1] / "src"
+
+
+def _without_horovod_env() -> dict[str, str]:
+    env = dict(os.environ, HVDRUNNER_DEADLOCK_S="2")
+    env["PYTHONPATH"] = os.pathsep.join([str(HELPERS / "no_horovod"), str(SRC),
+                                         env.get("PYTHONPATH", "")])  # fmt: skip
+    return env
+
+
+def test_horovods_api_under_torchrun_without_horovod(tmp_path):
+    started = time.monotonic()
+    proc = subprocess.run(
+        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
+         str(HELPERS / "engine_battery.py"), str(tmp_path)],
+        env=_without_horovod_env(), capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    for rank in (0, 1):
+        results = json.loads((tmp_path / f"rank{rank}.json").read_text())
+        failed = {name: why for name, why in results.items() if why != "ok"}
+        assert len(results) >= 15 and not failed, f"rank {rank}: {failed}"
+    assert time.monotonic() - started < 240
+
+
+def _recipe(engine: str) -> tuple[list[float], list, dict[str, str | None]]:
+    """Horovod's PyTorch recipe, unchanged but for its import."""
+    import importlib
+
+    import torch
+
+    hvd = importlib.import_module(engine)
+    hvd.init()
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(20, 32), torch.nn.ReLU(), torch.nn.Linear(32, 3))
+    opt = torch.optim.SGD(model.parameters(), lr=0.1 * hvd.size(), momentum=0.9,
+                          weight_decay=1e-4)  # fmt: skip
+    opt = hvd.DistributedOptimizer(opt, named_parameters=model.named_parameters())
+    hvd.broadcast_parameters(model.state_dict(), root_rank=0)
+    hvd.broadcast_optimizer_state(opt, root_rank=0)
+    g = torch.Generator().manual_seed(100 + hvd.rank())
+    losses = []
+    for _ in range(30):
+        x = torch.randn(16, 20, generator=g)
+        y = x[:, :3].argmax(dim=1)  # learnable: the largest of the first three features
+        loss = torch.nn.functional.cross_entropy(model(x), y)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        losses.append(hvd.allreduce(loss.detach(), name="loss").item())
+    params = [p.detach().clone() for p in model.parameters()]
+    env = {k: os.environ.get(k) for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR")}
+    hvd.shutdown()
+    return losses, params, env
+
+
+def test_the_recipe_on_the_engine_matches_compiled_horovod_bit_for_bit(spark):
+    import torch
+
+    engine = HorovodRunner(np=2).run(_recipe, engine="hvdrunner.hvd_torch")
+    compiled = HorovodRunner(np=2).run(_recipe, engine="horovod.torch")
+    assert engine[0] == compiled[0]  # every step's averaged loss, exactly
+    assert all(torch.equal(a, b) for a, b in zip(engine[1], compiled[1], strict=True))
+    assert engine[0][-1] < engine[0][0]  # it trained
+    # HorovodRunner gave rank 0 torch's standard environment
+    assert engine[2]["RANK"] == "0" and engine[2]["WORLD_SIZE"] == "2"
+    assert engine[2]["LOCAL_RANK"] == "0" and engine[2]["MASTER_ADDR"]
+
+
+def test_a_dead_peer_fails_the_others_fast(tmp_path):
+    """Rank 1 dies without a word; rank 0's next collective raises HorovodInternalError
+    naming the cause, within a bound, and its process ends."""
+    script = tmp_path / "die.py"
+    script.write_text(
+        "import os, sys, time, torch\n"
+        "import hvdrunner.hvd_torch as hvd\n"
+        "hvd.init()\n"
+        "hvd.allreduce(torch.ones(1))\n"
+        "if hvd.rank() == 1:\n"
+        "    os._exit(3)\n"
+        "time.sleep(1)\n"
+        "t0 = time.monotonic()\n"
+        "try:\n"
+        "    hvd.allreduce(torch.ones(1))\n"
+        "except hvd.HorovodInternalError as e:\n"
+        "    print('RAISED', round(time.monotonic() - t0, 1), e, flush=True)\n"
+        "    os._exit(0)\n"
+        "os._exit(5)\n"
+    )  # fmt: skip
+    proc = subprocess.run(
+        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
+         "--max-restarts", "0", "--monitor-interval", "60", str(script)],
+        env=_without_horovod_env(), capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    out = proc.stdout + proc.stderr
+    assert "RAISED" in out, out[-3000:]
+    line = next(ln for ln in out.splitlines() if "RAISED" in ln)
+    assert float(line.split()[1]) < 30, line
+    assert "peer" in line or "shut down" in line, line
