@@ -156,8 +156,13 @@ def _framework_imports(path: Path) -> set[str]:
 
 
 def test_frameworks_are_imported_only_in_their_adapters():
-    adapters = ("hvdrunner.keras", "hvdrunner.torch", "hvdrunner.hvd_keras", "hvdrunner.engine",
-                "hvdrunner.hvd_torch")
+    adapters = (
+        "hvdrunner.keras",
+        "hvdrunner.torch",
+        "hvdrunner.hvd_keras",
+        "hvdrunner.engine",
+        "hvdrunner.hvd_torch",
+    )
     outside = {}
     for path in sorted(PKG.rglob("*.py")):
         module = _module(path)

@@ -274,11 +274,15 @@ def test_the_docs_restart_recipe_resumes_from_its_own_checkpoint(tmp_path, caplo
     assert len(restarts) == 1 and "Rank 1 died (SIGKILL" in restarts[0]
 
 
-def elastic_recipe(marks: str) -> dict[str, Any]:
-    """Unchanged elastic horovod.torch code; rank 1 SIGKILLed after epoch 2's commit in
-    attempt 1. Returns where this attempt's loop began and the epochs it ran."""
-    import horovod.torch as hvd
+def elastic_recipe(marks: str, engine: str = "horovod.torch") -> dict[str, Any]:
+    """Unchanged elastic Horovod PyTorch code (``import <engine> as hvd``); rank 1 SIGKILLed
+    after epoch 2's commit in attempt 1. Returns where this attempt's loop began and the
+    epochs it ran."""
+    import importlib
+
     import torch
+
+    hvd = importlib.import_module(engine)
 
     from hvdrunner.distributed import attempt
 
@@ -308,9 +312,11 @@ def elastic_recipe(marks: str) -> dict[str, Any]:
 
 @pytest.mark.torch
 @pytest.mark.timeout(240)
-def test_unchanged_elastic_torch_code_resumes_from_its_last_commit_after_a_restart():
+@pytest.mark.parametrize("engine", ["horovod.torch", "hvdrunner.hvd_torch"])
+def test_unchanged_elastic_torch_code_resumes_from_its_last_commit_after_a_restart(engine):
     """As docs/faults.md says: @hvd.elastic.run code runs under HorovodRunner, and a restart
     resumes from the last state.commit() (epoch 2's: Horovod's idiom then runs epoch 2 again,
-    as it would after its own in-memory roll-back)."""
-    out = HorovodRunner(np=-2, max_restarts=1).run(elastic_recipe, marks="")
+    as it would after its own in-memory roll-back) - on the compiled horovod and on
+    hvdrunner's engine alike."""
+    out = HorovodRunner(np=-2, max_restarts=1).run(elastic_recipe, marks="", engine=engine)
     assert out == {"attempt": 2, "ran": [2, 3], "last": 3}

@@ -177,8 +177,7 @@ def test_backward_passes_per_step_averages_local_batches(spark, tmp_path, compre
 
 
 def count_rows(data, batch_size: int, epochs: int):
-    import horovod.torch as hvd
-
+    import hvdrunner.hvd_torch as hvd  # hvdrunner.torch's engine
     import hvdrunner.torch as ht
 
     ht.init()
@@ -219,7 +218,7 @@ class KillRank1InEpoch3:
                 if self.training:
                     self.calls += 1
                     if self.calls == 2 * steps + 1 and not os.path.exists(flag):
-                        import horovod.torch as hvd
+                        import hvdrunner.hvd_torch as hvd  # fit's engine
 
                         # Rank 0 gets here only after saving epoch 2's checkpoint.
                         hvd.allreduce(torch.zeros(1), name="before-kill")

@@ -22,9 +22,16 @@ import os
 LEGACY_ENV = "TF_USE_LEGACY_KERAS"
 BACKEND_ENV = "KERAS_BACKEND"
 
+#: Which Horovod runs PyTorch (hvdrunner.torch, Keras on PyTorch): ``hvdrunner`` (the default,
+#: hvdrunner's engine on torch.distributed: nothing compiled) or ``horovod`` (a compiled
+#: ``horovod.torch``, where the runtime has one). HorovodRunner passes it to every rank.
+ENGINE_ENV = "HVDRUNNER_TORCH_ENGINE"
+ENGINES = {"hvdrunner": "hvdrunner.engine", "horovod": "horovod.torch"}
+
 # -- the frameworks hvdrunner knows, named once -------------------------------------------
-#: Horovod's framework modules a rank may initialise (hvdrunner.hvd_keras uses one of them).
-HOROVOD_FRAMEWORKS = ("horovod.torch", "horovod.tensorflow")
+#: Horovod's framework modules a rank may initialise (hvdrunner.hvd_keras uses one of them;
+#: hvdrunner.engine is hvdrunner.hvd_torch's).
+HOROVOD_FRAMEWORKS = ("hvdrunner.engine", "horovod.torch", "horovod.tensorflow")
 #: Packages a stalled rank counts as "inside a library" in (the stall's report).
 LIBRARY_PACKAGES = ("tensorflow", "keras", "tf_keras", "torch", "horovod")
 
@@ -107,9 +114,26 @@ def keras_backend(env: dict[str, str] | None = None) -> str:
         return "tensorflow"
 
 
+def torch_engine(env: dict[str, str] | None = None) -> str:
+    """The module that runs Horovod's PyTorch API here (``HVDRUNNER_TORCH_ENGINE``).
+
+    Example:
+        >>> torch_engine({}), torch_engine({"HVDRUNNER_TORCH_ENGINE": "horovod"})
+        ('hvdrunner.engine', 'horovod.torch')
+    """
+    source = dict(os.environ) if env is None else env
+    choice = source.get(ENGINE_ENV, "").strip().lower() or "hvdrunner"
+    if choice not in ENGINES:
+        raise ValueError(
+            f"{ENGINE_ENV}={source.get(ENGINE_ENV)!r}: expected 'hvdrunner' (hvdrunner's engine on "
+            f"torch.distributed, the default) or 'horovod' (a compiled horovod.torch)"
+        )
+    return ENGINES[choice]
+
+
 def framework_env(env: dict[str, str] | None = None) -> dict[str, str]:
     """The driver's settings that choose a framework (``KERAS_BACKEND``,
-    ``TF_USE_LEGACY_KERAS``), for every rank: a notebook that sets them in ``os.environ``
+    ``TF_USE_LEGACY_KERAS``, ``HVDRUNNER_TORCH_ENGINE``), for every rank: a notebook that sets them in ``os.environ``
     trains its ranks on what it chose, whatever the executors' own environment says.
 
     Example:
@@ -117,4 +141,4 @@ def framework_env(env: dict[str, str] | None = None) -> dict[str, str]:
         {'KERAS_BACKEND': 'torch'}
     """
     source = dict(os.environ) if env is None else env
-    return {name: source[name] for name in (BACKEND_ENV, LEGACY_ENV) if name in source}
+    return {name: source[name] for name in (BACKEND_ENV, LEGACY_ENV, ENGINE_ENV) if name in source}

@@ -4,7 +4,8 @@ from its last ``state.commit()`` after a restart (``HorovodRunner(max_restarts=N
 Horovod's elastic driver keeps a job's processes and rolls them back in memory to the last
 commit. Under hvdrunner a restart starts new processes, so the in-memory commit is gone. In
 the rank (installed before user code by :func:`install`, a ``rank_setup`` hook; it loads no
-framework and patches Horovod only once ``horovod.common.elastic`` is imported):
+framework and patches an elastic layer only once it is imported: ``horovod.common.elastic``,
+or ``hvdrunner.engine.elastic`` for ``hvdrunner.hvd_torch``, which keeps the same names):
 
 - ``State.commit()`` on rank 0 also writes what the commit saved to a file in the
   supervisor's folder on local disk (arrays as they are in memory, out of band: no copy in
@@ -41,7 +42,8 @@ from typing import Any
 RESUME_ENV = "HVDRUNNER_ELASTIC_RESUME"
 #: Set by the supervisor in rank 0 of such an attempt: the file holding the commit.
 COMMIT_FILE_ENV = "HVDRUNNER_ELASTIC_COMMIT"
-_TARGET = "horovod.common.elastic"
+#: The elastic layers patched: Horovod's, and hvdrunner's engine's (same State and run_fn).
+_TARGETS = ("horovod.common.elastic", "hvdrunner.engine.elastic")
 
 _send: Callable[[str], None] | None = None
 _folder = ""
@@ -56,17 +58,18 @@ def install(send: Callable[[str], None], folder: str) -> None:
     sends it on to the driver."""
     global _send, _folder
     _send, _folder = send, folder
-    if _TARGET in sys.modules:
-        _patch(sys.modules[_TARGET])
-    else:
+    for target in _TARGETS:
+        if target in sys.modules:
+            _patch(sys.modules[target])
+    if not all(target in sys.modules for target in _TARGETS):
         sys.meta_path.insert(0, _AfterImport())
 
 
 class _AfterImport(importlib.abc.MetaPathFinder):
-    """Finds ``horovod.common.elastic`` as usual, then patches it once it ran."""
+    """Finds an elastic layer (``_TARGETS``) as usual, then patches it once it ran."""
 
     def find_spec(self, fullname: str, path: Any = None, target: Any = None) -> Any:
-        if fullname != _TARGET:
+        if fullname not in _TARGETS:
             return None
         spec = importlib.machinery.PathFinder.find_spec(fullname, path)
         if spec is None or spec.loader is None:

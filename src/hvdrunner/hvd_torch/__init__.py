@@ -8,6 +8,9 @@ Every name of ``horovod.torch`` is here, with Horovod's arguments and behaviour
 HorovodRunner, ``horovodrun``-style environments (``HOROVOD_RANK``...) and torch's standard
 one (``torchrun``, TorchDistributor, Databricks' serverless ``@distributed``).
 
+``hvd.elastic`` holds Horovod's elastic names (``from hvdrunner.hvd_torch.elastic import
+ElasticSampler`` works too, as ``horovod.torch.elastic``'s).
+
 Example:
     >>> import hvdrunner.hvd_torch as hvd
     >>> hvd.init(); hvd.rank(), hvd.size()
@@ -19,4 +22,3 @@ from __future__ import annotations
 
 from hvdrunner.engine import *  # noqa: F403 - the drop-in is exactly the engine's names
 from hvdrunner.engine import __all__ as __all__
-from hvdrunner.engine import elastic as elastic

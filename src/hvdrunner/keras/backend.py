@@ -2,7 +2,8 @@
 
 - **TensorFlow** (Keras 2, and Keras 3 with ``KERAS_BACKEND=tensorflow``, Keras' default):
   ``horovod.tensorflow``.
-- **PyTorch** (Keras 3 with ``KERAS_BACKEND=torch``): ``horovod.torch``; TensorFlow need not
+- **PyTorch** (Keras 3 with ``KERAS_BACKEND=torch``): hvdrunner's engine (or ``horovod.torch``
+  with ``HVDRUNNER_TORCH_ENGINE=horovod``); nothing compiled, and TensorFlow need not
   be installed. The runtimes dropping TensorFlow (Databricks ML 18+) keep this path.
 - **JAX**: refused with the reason (Horovod has no JAX collectives) and what to use instead.
 
@@ -20,6 +21,7 @@ Example:
 from __future__ import annotations
 
 import functools
+import importlib
 from collections.abc import Sequence
 from types import ModuleType
 from typing import Any
@@ -84,11 +86,12 @@ def is_torch() -> bool:
 
 
 def horovod() -> ModuleType:
-    """``horovod.torch`` or ``horovod.tensorflow``, matching Keras' backend."""
-    if is_torch():
-        import horovod.torch as hvd
-    else:
-        import horovod.tensorflow as hvd
+    """Horovod's PyTorch API (hvdrunner's engine, or ``horovod.torch``) or
+    ``horovod.tensorflow``, matching Keras' backend."""
+    if is_torch():  # hvdrunner's engine unless HVDRUNNER_TORCH_ENGINE=horovod
+        return importlib.import_module(_versions.torch_engine())
+    import horovod.tensorflow as hvd
+
     return hvd
 
 

@@ -1,7 +1,7 @@
 """The Horovod steps of a PyTorch rank, each one call: init and device, broadcast, averaging.
 
-Over ``horovod.torch`` (which hvdrunner builds for torch >= 2.1, see
-``patches/horovod-0.28.1-torch-cxx17.patch``). The sync verdict and the learning-rate math
+Over Horovod's PyTorch API: hvdrunner's engine on ``torch.distributed`` (nothing compiled),
+or a compiled ``horovod.torch`` with ``HVDRUNNER_TORCH_ENGINE=horovod``. The sync verdict and the learning-rate math
 are framework-neutral (:mod:`hvdrunner.core`).
 
 Example (inside a training function run by HorovodRunner):
@@ -13,12 +13,14 @@ Example (inside a training function run by HorovodRunner):
 
 from __future__ import annotations
 
+import importlib
 from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
 import torch
 
+from hvdrunner import _versions
 from hvdrunner.core import metrics as core_metrics
 from hvdrunner.core import settings
 from hvdrunner.core.sync import check_fingerprints, weight_fingerprint
@@ -32,9 +34,21 @@ SYNC_FIX = (
 
 
 def _hvd() -> Any:
-    import horovod.torch as hvd
+    """Horovod's PyTorch API: hvdrunner's engine, or the compiled ``horovod.torch`` when
+    ``HVDRUNNER_TORCH_ENGINE=horovod`` (:func:`hvdrunner._versions.torch_engine`)."""
+    return engine_module()
 
-    return hvd
+
+def engine_module() -> Any:
+    name = _versions.torch_engine()
+    try:
+        return importlib.import_module(name)
+    except ImportError as exc:
+        raise ImportError(
+            f"{_versions.ENGINE_ENV} asks for {name}, which does not import here ({exc}). "
+            f"Unset it to use hvdrunner's engine (nothing to install), or install a horovod "
+            f"built for this torch."
+        ) from exc
 
 
 def init(seed: int = 0, num_threads: int | None = None) -> torch.device:

@@ -87,8 +87,7 @@ class _Torch:
     device: torch.device
 
     def init(self, cfg: FitConfig) -> Any:
-        import horovod.torch as hvd
-
+        hvd = collectives.engine_module()
         horovod_env(cfg, hvd.is_initialized())
         # fit's gradients go out as grouped buckets (collectives.buckets): with nothing else
         # pending, horovod starts their round at once (patches/*-idle-wait.patch). Set here
