@@ -1,7 +1,8 @@
 """``python -m hvdrunner migrate PATH...``: move a HorovodRunner notebook to hvdrunner.
 
 Rewrites the imports that have a drop-in (``sparkdl``, Horovod's Keras layer, which trains
-ranks apart under Keras 3, and ``petastorm.spark``), in Databricks' source format
+ranks apart under Keras 3, ``horovod.torch``, which needs a horovod compiled for its torch,
+and ``petastorm.spark``), in Databricks' source format
 (``# Databricks notebook source``), plain ``.py`` and ``.ipynb``; shows the change as a
 unified diff (a dry run unless ``--write``); and lists what still needs a hand, each with
 its fix (Horovod elastic, ``horovod.spark.run``, Horovod's Spark estimators, MPI, petastorm
@@ -65,6 +66,20 @@ REWRITES: tuple[Rule, ...] = (
         "Horovod's Keras layer (see above)",
         "hvdrunner.hvd_keras",
         r"\1from hvdrunner.hvd_keras import ",
+    ),  # fmt: skip
+    _rule(
+        r"^(\s*)import horovod\.torch as (\w+)\s*$",
+        "horovod.torch (a horovod compiled for this torch: 0.28.1 does not build for torch "
+        ">= 2.1 unpatched)",
+        "hvdrunner.hvd_torch: Horovod's PyTorch API on torch.distributed (gloo, NCCL), the "
+        "same names, nothing compiled",
+        r"\1import hvdrunner.hvd_torch as \2",
+    ),  # fmt: skip
+    _rule(
+        r"^(\s*)from horovod\.torch(\.elastic)? import ",
+        "horovod.torch (see above)",
+        "hvdrunner.hvd_torch",
+        r"\1from hvdrunner.hvd_torch\2 import ",
     ),  # fmt: skip
     _rule(
         r"^(\s*)from petastorm(?:\.transform)? import TransformSpec\s*$",
