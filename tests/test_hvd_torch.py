@@ -89,6 +89,19 @@ def test_the_recipe_on_the_engine_matches_compiled_horovod_bit_for_bit(spark):
     assert engine[2]["LOCAL_RANK"] == "0" and engine[2]["MASTER_ADDR"]
 
 
+def test_the_docs_recipe_runs_as_written(spark):
+    # docs/pytorch.md's one-changed-import recipe, executed verbatim on 2 barrier tasks.
+    text = (SRC.parent / "docs" / "pytorch.md").read_text()
+    start = text.index("import hvdrunner.hvd_torch as hvd               # was")
+    start = text.rindex("```python\n", 0, start) + len("```python\n")
+    body, last = text[start : text.index("```", start)].rstrip().rsplit("\n", 1)
+    namespace = {"__name__": "docs_example"}
+    exec(compile(body, "docs/pytorch.md", "exec"), namespace)  # noqa: S102 - the doc under test
+    assert last == "HorovodRunner(np=2).run(train)"
+    loss = eval(compile(last, "docs/pytorch.md", "eval"), namespace)  # noqa: S307
+    assert 0 < loss < 1.0  # ln 3 = 1.10 untrained
+
+
 def test_a_dead_peer_fails_the_others_fast(tmp_path):
     """Rank 1 dies without a word; rank 0's next collective raises HorovodInternalError
     naming the cause, within a bound, and its process ends."""
