@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -30,13 +31,25 @@ def _without_horovod_env() -> dict[str, str]:
     return env
 
 
+def _torchrun(*args: str, timeout: float) -> subprocess.CompletedProcess[str]:
+    """``torchrun --standalone --nproc-per-node 2 ARGS`` with horovod unimportable; on a
+    timeout its whole process group goes (torchrun's workers included), then the test fails."""
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
+           *args]  # fmt: skip
+    proc = subprocess.Popen(cmd, env=_without_horovod_env(), stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, start_new_session=True)  # fmt: skip
+    try:
+        out, err = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        out, err = proc.communicate()
+        pytest.fail(f"torchrun did not end within {timeout} s:\n{out[-2000:]}\n{err[-2000:]}")
+    return subprocess.CompletedProcess(cmd, proc.returncode, out, err)
+
+
 def test_horovods_api_under_torchrun_without_horovod(tmp_path):
     started = time.monotonic()
-    proc = subprocess.run(
-        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
-         str(HELPERS / "engine_battery.py"), str(tmp_path)],
-        env=_without_horovod_env(), capture_output=True, text=True, timeout=300,
-    )  # fmt: skip
+    proc = _torchrun(str(HELPERS / "engine_battery.py"), str(tmp_path), timeout=300)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     for rank in (0, 1):
         results = json.loads((tmp_path / f"rank{rank}.json").read_text())
@@ -122,11 +135,7 @@ def test_a_dead_peer_fails_the_others_fast(tmp_path):
         "    os._exit(0)\n"
         "os._exit(5)\n"
     )  # fmt: skip
-    proc = subprocess.run(
-        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
-         "--max-restarts", "0", "--monitor-interval", "60", str(script)],
-        env=_without_horovod_env(), capture_output=True, text=True, timeout=120,
-    )  # fmt: skip
+    proc = _torchrun("--max-restarts", "0", "--monitor-interval", "5", str(script), timeout=120)
     out = proc.stdout + proc.stderr
     assert "RAISED" in out, out[-3000:]
     line = next(ln for ln in out.splitlines() if "RAISED" in ln)

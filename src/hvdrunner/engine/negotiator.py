@@ -42,6 +42,8 @@ _log = get_logger()
 SIG_FIELDS = ("operation", "data type", "device", "tensor shapes", "reduction op",
               "prescale factor", "postscale factor", "root rank", "arguments")  # fmt: skip
 CYCLE_ENV, CYCLE_MS = "HOROVOD_CYCLE_TIME", 1.0
+#: The longest wait between rounds that made no progress.
+IDLE_MAX_S = 0.01
 #: How long shutdown() waits for the last round with the other ranks.
 SHUTDOWN_WAIT_S = 30.0
 #: How long every rank of a set may wait on requests that cannot be matched before all of
@@ -105,6 +107,7 @@ class Negotiator:
         self._declare = False
         self._stuck_since: float | None = None
         self._cycle_s = float(os.environ.get(CYCLE_ENV, CYCLE_MS)) / 1000.0
+        self._idle_s = self._cycle_s
         self._thread = threading.Thread(target=self._loop, name="hvdrunner-engine", daemon=True)
         self._thread.start()
 
@@ -182,9 +185,12 @@ class Negotiator:
         return False
 
     def _wait_for_work(self, progressed: bool) -> None:
+        # Rounds without progress (ranks waiting on each other's callers) back off from one
+        # cycle to IDLE_MAX_S, so waiting costs no core; a new local request ends the wait.
+        self._idle_s = self._cycle_s if progressed else min(2 * self._idle_s, IDLE_MAX_S)
         with self._lock:
             if not progressed and not self._new and not self._shutdown:
-                self._lock.wait(self._cycle_s)
+                self._lock.wait(self._idle_s)
             while not (self._new or self._shutdown or self._needed_elsewhere()):
                 self._lock.wait()
 
