@@ -8,6 +8,9 @@ the recipe itself unchanged (per-tensor ``hvd.DistributedOptimizer``); DDP under
 - ``--model mlp``: MLP 784-256-10, batch 64 per rank, in-memory random batches, 600 timed
   steps after 50 (ms per step; the step alone, no data loading).
 
+The variant ``engine`` runs the same recipe with its import changed to
+``import hvdrunner.hvd_torch as hvd`` (hvdrunner's engine on torch.distributed, issue 48).
+
 Variants are JSON: ``{"name": {"env": {...}, "buckets": false}}`` (``buckets``: the
 recipe's documented two-line change, ``groups=hvdrunner.torch.buckets(model)``). Results:
 ``benchmarks/results/bare_recipe_knobs-torch.json``, one entry per ``--label``.
@@ -33,7 +36,10 @@ from _bench import context
 
 RESULTS = Path(__file__).parent / "results" / "bare_recipe_knobs-torch.json"
 MLP_STEPS, MLP_WARMUP, MLP_BATCH = 600, 50, 64
-DEFAULT_VARIANTS = {"stock": {"env": {"HOROVOD_IDLE_WAIT_MS": "0"}}, "default": {}}
+#: The recipe's one import: ``import <this> as hvd`` (``hvdrunner.hvd_torch``: the engine).
+ENGINE_ENV = "HVDRUNNER_BENCH_HVD"
+DEFAULT_VARIANTS = {"stock": {"env": {"HOROVOD_IDLE_WAIT_MS": "0"}}, "default": {},
+                    "engine": {"env": {ENGINE_ENV: "hvdrunner.hvd_torch"}}}  # fmt: skip
 
 
 def mlp_step(env: dict[str, str], ddp: bool = False, buckets: bool = False) -> dict:
@@ -54,9 +60,11 @@ def mlp_step(env: dict[str, str], ddp: bool = False, buckets: bool = False) -> d
         model = torch.nn.parallel.DistributedDataParallel(model)
         opt = torch.optim.SGD(model.parameters(), lr=0.01)
     else:
-        import horovod.torch as hvd
+        import importlib
 
         from hvdrunner.torch.collectives import buckets as bucketed
+
+        hvd = importlib.import_module(os.environ.get(ENGINE_ENV, "horovod.torch"))
 
         hvd.init()
         torch.set_num_threads(max(1, (os.cpu_count() or 1) // hvd.local_size()))

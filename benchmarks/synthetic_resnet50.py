@@ -124,7 +124,10 @@ def torch_step(ddp: bool = False, buckets: bool = False, stock: bool = False) ->
     else:
         if buckets or stock:
             os.environ["HOROVOD_IDLE_WAIT_MS"] = "0" if stock else "20"
-        import horovod.torch as hvd
+        import importlib
+
+        # bare_recipe_knobs.py's engine variant: the recipe's import is hvdrunner.hvd_torch
+        hvd = importlib.import_module(os.environ.get("HVDRUNNER_BENCH_HVD", "horovod.torch"))
 
         hvd.init()
         size = hvd.size()

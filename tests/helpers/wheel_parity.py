@@ -11,6 +11,7 @@ the paths a GPU wheel also takes for CPU data.
 from __future__ import annotations
 
 import json
+import os
 import sys
 from typing import Any
 
@@ -86,6 +87,9 @@ def main(cache: str) -> None:
     from hvdrunner.data import prepare
     from hvdrunner.spark import local_session
 
+    # fit and Keras on PyTorch run on the horovod build under comparison, not on hvdrunner's
+    # engine (HorovodRunner passes the setting to the ranks)
+    os.environ["HVDRUNNER_TORCH_ENGINE"] = "horovod"
     spark = local_session("local[2]", app_name="wheel-parity")
     rng = np.random.default_rng(0)
     x = rng.normal(size=(256, 4)).astype("float32")
