@@ -98,13 +98,23 @@ GOOD_TORCH_STACK = {"tensorflow": None, "torch": "2.13.0+cpu", "numpy": "2.4.6",
                     "pyarrow": "22.0.0", "pyspark": "4.1.1", "mlflow": "3.8.1"}  # fmt: skip
 
 
-def test_the_torch_stack_needs_the_torch_extension_not_tensorflow():
+def test_the_torch_stack_needs_no_tensorflow_and_horovods_torch_extension_only_to_use_it():
     # TensorFlow absent is information on the torch stack; horovod's torch extension is not.
     assert not _failed(evaluate_build(GOOD_TORCH_BUILD))
     assert not _failed(evaluate_stack(GOOD_TORCH_STACK, env={}))
-    failed = _failed(evaluate_build(GOOD_TORCH_BUILD | {"torch_ext": False}))
+    # horovod's torch extension is required only where PyTorch is to run on it
+    compiled = {"HVDRUNNER_TORCH_ENGINE": "horovod"}
+    failed = _failed(evaluate_build(GOOD_TORCH_BUILD | {"torch_ext": False}, env=compiled))
     assert [c.name for c in failed] == ["horovod built with PyTorch"]
     assert "torch 2.13.0+cpu" in failed[0].detail and "torch >= 2.1" in failed[0].fix
+    engine = evaluate_build(GOOD_TORCH_BUILD | {"torch_ext": False}, env={})
+    assert not _failed(engine)
+    assert "hvdrunner.hvd_torch" in next(c for c in engine if "PyTorch" in c.name).detail
+    # no horovod at all: fine for PyTorch on the engine, not for TensorFlow
+    bare = {"horovod": None, "tensorflow": None, "torch": "2.13.0+cpu"}
+    assert not _failed(evaluate_build(bare, env={}))
+    assert _failed(evaluate_build(bare, env=compiled))
+    assert _failed(evaluate_build(bare | {"tensorflow": "2.21.0"}, env={}))
     # TF installed beside torch: both extensions are required.
     both = _failed(evaluate_build(GOOD_TORCH_BUILD | {"tensorflow": "2.21.0"}))
     assert [c.name for c in both] == ["horovod built with TensorFlow"]

@@ -43,11 +43,11 @@ def _extension_file(subdir: str, base: str) -> bool:
 def collect_build_info() -> dict[str, Any]:
     """Ask horovod what it was built with (each check loads the library in a subprocess)."""
     info: dict[str, Any] = {"horovod": _version("horovod")}
+    info["tensorflow"], info["torch"] = _version("tensorflow"), _version("torch")
     if info["horovod"] is None:
         return info
     from horovod.common import util
 
-    info["tensorflow"], info["torch"] = _version("tensorflow"), _version("torch")
     info["tensorflow_ext"] = _extension_file("tensorflow", "mpi_lib")
     # The torch extension is loaded, not just found: a file built against another torch
     # fails here, and horovod's extension_available('torch') says yes even without one.
@@ -67,8 +67,9 @@ def _imports(module: str) -> bool:
     return proc.returncode == 0
 
 
-def _framework_check(info: dict[str, Any], name: str, dist: str, fix: str) -> Check:
-    """Required where the framework is installed; information where it is not."""
+def _framework_check(info: dict[str, Any], name: str, dist: str, fix: str,
+                     needed: bool = True) -> Check:  # fmt: skip
+    """Required where the framework is installed (and ``needed``); information otherwise."""
     built = bool(info.get(f"{dist}_ext"))
     title = f"horovod built with {name}"
     if info.get(dist) is None:
@@ -77,26 +78,40 @@ def _framework_check(info: dict[str, Any], name: str, dist: str, fix: str) -> Ch
     detail = (
         f"yes ({dist} {info[dist]})" if built else f"no {name} extension for {dist} {info[dist]}"
     )
+    if not needed:
+        return Check(title, built or None, detail + ENGINE_NOTE, required=False)
     return Check(title, built, detail, fix)
 
 
-def evaluate_build(info: dict[str, Any]) -> list[Check]:
-    """Turn build facts into checks. Pure: tests feed it fake build info.
+#: What a torch without a compiled horovod.torch still has (doctor's wording, said once).
+ENGINE_NOTE = (
+    "; not needed: hvdrunner.torch, Keras on PyTorch and `import hvdrunner.hvd_torch as hvd` "
+    "run on hvdrunner's engine (torch.distributed); unchanged `import horovod.torch` code "
+    "and HVDRUNNER_TORCH_ENGINE=horovod need it"
+)
 
-    Each installed framework (``info["tensorflow"]``, ``info["torch"]``: versions or None)
-    needs its horovod extension; at least one must be installed.
+
+def evaluate_build(info: dict[str, Any], env: dict[str, str] | None = None) -> list[Check]:
+    """Turn build facts into checks. Pure: tests feed it fake build info (and ``env``).
+
+    TensorFlow needs horovod's extension; PyTorch runs on hvdrunner's engine, so its
+    extension is required only with ``HVDRUNNER_TORCH_ENGINE=horovod``, and a torch without
+    TensorFlow needs no horovod at all.
     """
+    compiled_torch = _versions.torch_engine(env) == _versions.ENGINES["horovod"]
     fix_build = (
         "rebuild horovod against the installed frameworks: PYTHON=$(which python) bash "
         "scripts/install_horovod.sh (it applies the patches in patches/: TF >= 2.16 and "
         "torch >= 2.1 need them), or rm -rf .venv-<stack> && make test"
     )
     if not info.get("horovod"):
+        if info.get("torch") and not info.get("tensorflow") and not compiled_torch:
+            return [Check("horovod", None, "not installed" + ENGINE_NOTE, required=False)]
         return [Check("horovod", False, "not installed", fix_build)]
     checks = [
         Check("horovod", True, info["horovod"]),
         _framework_check(info, "TensorFlow", "tensorflow", fix_build),
-        _framework_check(info, "PyTorch", "torch", fix_build),
+        _framework_check(info, "PyTorch", "torch", fix_build, needed=compiled_torch),
         Check(
             "horovod built with gloo",
             bool(info.get("gloo")),
