@@ -79,7 +79,8 @@ def _framework_check(info: dict[str, Any], name: str, dist: str, fix: str,
         f"yes ({dist} {info[dist]})" if built else f"no {name} extension for {dist} {info[dist]}"
     )
     if not needed:
-        return Check(title, built or None, detail + ENGINE_NOTE, required=False)
+        return Check(title, built or None, detail if built else detail + ENGINE_NOTE,
+                     required=False)  # fmt: skip
     return Check(title, built, detail, fix)
 
 
