@@ -1,8 +1,9 @@
 """hvdrunner.hvd_torch (Horovod's PyTorch API on torch.distributed) on real ranks over gloo:
 every collective against numpy, Horovod's errors on every rank, process sets, join, the
 optimizer's options, SyncBatchNorm and the timeline under torchrun's environment with horovod
-unimportable; the unchanged recipe under HorovodRunner bit for bit against the compiled
-horovod; a dead peer fails the others fast. CPU only here: NCCL is not exercised (no GPU)."""
+uninstalled as far as Python can tell (tests/helpers/no_horovod); HorovodRunner and
+hvdrunner.torch without horovod; the docs' recipe; the unchanged recipe under HorovodRunner
+bit for bit against the compiled horovod; a dead peer fails the others fast. CPU only here: NCCL is not exercised (no GPU)."""
 
 from __future__ import annotations
 
@@ -113,6 +114,43 @@ def test_the_docs_recipe_runs_as_written(spark):
     assert last == "HorovodRunner(np=2).run(train)"
     loss = eval(compile(last, "docs/pytorch.md", "eval"), namespace)  # noqa: S307
     assert 0 < loss < 1.0  # ln 3 = 1.10 untrained
+
+
+NO_HOROVOD_JOB = """
+import json, sys
+from hvdrunner import HorovodRunner
+
+def train():
+    import sys, torch
+    import hvdrunner.torch as ht
+    device = ht.init(seed=0)
+    model = torch.nn.Linear(4, 2)
+    opt = ht.distributed_optimizer(torch.optim.SGD(model.parameters(), lr=0.1), model)
+    ht.broadcast_state(model, opt)
+    for _ in range(5):
+        x = torch.randn(8, 4)
+        loss = torch.nn.functional.cross_entropy(model(x), x[:, 0].gt(0).long())
+        opt.zero_grad(); loss.backward(); opt.step()
+    ht.check_in_sync(model)
+    return {"loss": ht.average_metrics({"loss": loss.item()})["loss"],
+            "rank_has_horovod": any(m.startswith("horovod") for m in sys.modules)}
+
+out = HorovodRunner(np=-2).run(train)
+out["driver_has_horovod"] = any(m.startswith("horovod") for m in sys.modules)
+print("RESULT " + json.dumps(out))
+"""
+
+
+def test_horovodrunner_and_hvdrunner_torch_need_no_horovod(tmp_path):
+    # horovod neither importable nor in the package metadata, for the driver and the ranks
+    script = tmp_path / "job.py"
+    script.write_text(NO_HOROVOD_JOB)
+    proc = subprocess.run([sys.executable, str(script)], env=_without_horovod_env(),
+                          capture_output=True, text=True, timeout=180)  # fmt: skip
+    lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")]
+    assert proc.returncode == 0 and lines, proc.stdout[-2000:] + proc.stderr[-3000:]
+    out = json.loads(lines[0][len("RESULT ") :])
+    assert out["loss"] > 0 and not out["rank_has_horovod"] and not out["driver_has_horovod"]
 
 
 def test_a_dead_peer_fails_the_others_fast(tmp_path):

@@ -221,12 +221,11 @@ class HorovodRunner:
         number: int, deadline: float | None, carried: _Carried,
     ) -> Any:  # fmt: skip
         """One launch of the job: its own key, driver service, rendezvous and Spark job."""
-        from horovod.runner.common.util import secret
-
+        from hvdrunner._launch.assignments import make_key
         from hvdrunner._launch.driver import DriverService
         from hvdrunner._launch.task import TaskSpec
 
-        key = secret.make_secret_key()
+        key = make_key()
         service = DriverService(
             target.np, key, rendezvous_addr=target.addr, bind=target.backend.bind,
             extra_env={**_versions.framework_env(), **track_env, ATTEMPT_ENV: str(number)},

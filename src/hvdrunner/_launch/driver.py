@@ -17,12 +17,9 @@ from collections.abc import Callable
 from typing import Any
 
 import cloudpickle
-from horovod.runner.common.util.hosts import HostInfo, get_host_assignments
-from horovod.runner.gloo_run import create_slot_env_vars
-from horovod.runner.http.http_server import RendezvousServer
 
 from hvdrunner._console import say
-from hvdrunner._launch import commits, protocol, rendezvous, verdict
+from hvdrunner._launch import assignments, commits, protocol, rendezvous, verdict
 from hvdrunner._launch.job import JobState
 from hvdrunner._launch.verdict import lost_failure, rank_failure, stall_failure
 from hvdrunner._logging import get_logger
@@ -106,7 +103,7 @@ class DriverService:
         self._sock.listen(max(16, 2 * np))
         self.port: int = self._sock.getsockname()[1]
         self._closed = threading.Event()
-        self._rendezvous: RendezvousServer | None = None
+        self._rendezvous: Any = None  # horovod's gloo rendezvous, where horovod is installed
         self._threads = [
             threading.Thread(target=self._accept_loop, name="hvdrunner-accept", daemon=True),
             threading.Thread(target=self._beat_loop, name="hvdrunner-beat", daemon=True),
@@ -192,23 +189,27 @@ class DriverService:
         by_host: dict[str, list[_Conn]] = {}
         for conn in registered:
             by_host.setdefault(str(conn.host), []).append(conn)
-        hosts = [HostInfo(h, len(cs)) for h, cs in by_host.items()]
         num_hosts = str(len(by_host))
-        plan = get_host_assignments(hosts, self.np)
-        self._rendezvous, rendezvous_port = rendezvous.start(plan)
+        plan = assignments.assign([(h, len(cs)) for h, cs in by_host.items()])
+        # The compiled horovod's gloo meets through an HTTP rendezvous; hvdrunner's engine
+        # through torch's store at MASTER_ADDR (torch_env), which needs no horovod.
+        horovod_env: dict[str, str] = {}
+        if rendezvous.available():
+            self._rendezvous, port = rendezvous.start(plan)
+            horovod_env = {"HOROVOD_GLOO_RENDEZVOUS_ADDR": self._rendezvous_addr,
+                           "HOROVOD_GLOO_RENDEZVOUS_PORT": str(port)}  # fmt: skip
         slots = iter(plan)
         pairs = [(conn, next(slots)) for cs in by_host.values() for conn in cs]
         rank0 = next(conn for conn, slot in pairs if slot.rank == 0)
         for conn, slot in pairs:
             conn.rank = slot.rank
-            env = create_slot_env_vars(slot)
+            env = assignments.slot_env(slot)
             env.update(self._extra_env)
             if self._resume_commit is not None:
                 env[commits.RESUME_ENV] = "1"
+            env.update(horovod_env)
             env.update(
                 {
-                    "HOROVOD_GLOO_RENDEZVOUS_ADDR": self._rendezvous_addr,
-                    "HOROVOD_GLOO_RENDEZVOUS_PORT": str(rendezvous_port),
                     "HOROVOD_CONTROLLER": "gloo",
                     "HOROVOD_CPU_OPERATIONS": "gloo",
                     protocol.NUM_HOSTS_ENV: num_hosts,

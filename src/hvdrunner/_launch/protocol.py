@@ -2,7 +2,7 @@
 
 Every frame is ``8-byte big-endian length + pickle(message)``, a message being one of the
 frozen dataclasses below: its type is its kind. Pickle is only read after the peer proved
-it holds the job's secret key (horovod's ``secret`` helpers), so a stray or hostile
+it holds the job's secret key (HMAC-SHA256, :mod:`hvdrunner._launch.assignments`), so a stray or hostile
 connection never reaches ``pickle.loads``.
 
 Three channels, each with its own vocabulary, checked on receipt (:func:`expect`):
@@ -27,7 +27,7 @@ import types
 from dataclasses import dataclass
 from typing import Any, BinaryIO, Literal
 
-from horovod.runner.common.util import secret
+from hvdrunner._launch import assignments
 
 _LEN = struct.Struct(">Q")
 _NONCE_BYTES = 32
@@ -337,8 +337,8 @@ def server_handshake(sock: socket.socket, key: bytes) -> None:
     """Challenge a newly accepted peer; raises :class:`ProtocolError` if it lacks ``key``."""
     nonce = os.urandom(_NONCE_BYTES)
     sock.sendall(nonce)
-    digest = _read_exact(sock.recv, secret.DIGEST_LENGTH)
-    if not secret.check_digest(key, nonce, digest):
+    digest = _read_exact(sock.recv, assignments.DIGEST_BYTES)
+    if not assignments.digest_ok(key, nonce, digest):
         raise ProtocolError("peer failed authentication (wrong job key)")
     sock.sendall(b"\x01")
 
@@ -348,7 +348,7 @@ def connect(host: str, port: int, key: bytes, timeout: float = 30.0) -> Channel:
     sock = socket.create_connection((host, port), timeout=timeout)
     try:
         nonce = _read_exact(sock.recv, _NONCE_BYTES)
-        sock.sendall(secret.compute_digest(key, nonce))
+        sock.sendall(assignments.digest(key, nonce))
         if _read_exact(sock.recv, 1) != b"\x01":
             raise ProtocolError("driver rejected the handshake")
     except BaseException:

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 import psutil
 
 from hvdrunner import _horovod_knobs, multihost
-from hvdrunner._launch import protocol
+from hvdrunner._launch import assignments, protocol
 from hvdrunner._launch.supervisor import NO_GPU_ENV, RankSupervisor
 from hvdrunner._launch.worker import LIBRARY_DIRS_ENV, RANK_SETUP_ENV, RANK_TEARDOWN_ENV
 from hvdrunner.distributed import cuda_visible_devices, host_gpus
@@ -134,9 +134,7 @@ def run_slot(spec: TaskSpec, partition: int, address: str, task_gpus: Sequence[s
     + kernel namespaces): Spark may report one address (the connection's source, e.g.
     127.0.0.1) for tasks on different workers.
     """
-    from horovod.runner.common.util.host_hash import host_hash
-
-    host = host_hash()
+    host = assignments.host_id()
     try:
         channel = protocol.connect(spec.driver_addr, spec.driver_port, spec.key)
     except OSError as exc:
