@@ -51,7 +51,11 @@ class _Distributed(torch.optim.Optimizer):
         self._requires_update: set[torch.Tensor] = set()
         self._synchronized = False
         self._should_synchronize = True
-        self._groups = _check_groups(groups)
+        # No groups given: DDP-like buckets (BUCKET_BYTES, in reverse order of definition,
+        # roughly the order backward finishes them), each one grouped request as soon as its
+        # gradients exist, instead of one request per tensor. Results are the same (sums are
+        # elementwise); the exchange needs fewer rounds.
+        self._groups = AUTO if groups is None else _check_groups(groups)
         self._p_to_group: dict[torch.Tensor, tuple[torch.Tensor, ...]] = {}
         self._group_counts: dict[tuple[torch.Tensor, ...], int] = {}
         if process_set.included() and (
@@ -77,7 +81,9 @@ class _Distributed(torch.optim.Optimizer):
         order = broadcast_object([self._parameter_names[p] for p in params], root_rank=0,
                                  name="optimizer.parameter_order", process_set=self.process_set)  # fmt: skip
         params.sort(key=lambda p: order.index(self._parameter_names[p]))
-        if isinstance(self._groups, list):
+        if self._groups is AUTO:
+            formed = buckets(params)
+        elif isinstance(self._groups, list):
             ids = {id(p) for p in params}
             formed = [tuple(p for p in g if id(p) in ids) for g in self._groups]
             grouped = {id(p) for g in formed for p in g}
@@ -107,13 +113,12 @@ class _Distributed(torch.optim.Optimizer):
             handle, ctx = None, None
             if self._delay[p] == 0:
                 if self._groups is not None:
+                    if p.grad is not None and p.grad.is_sparse:  # goes alone, sparse
+                        self._handles[p] = self._allreduce_async(p)
                     group = self._p_to_group[p]
                     self._group_counts[group] += 1
                     if self._group_counts[group] == len(group):
-                        self._handles[group] = self._grouped_async(group)
-                        for q in group:
-                            self._handles.pop(q, None)
-                        self._group_counts[group] = 0
+                        self._submit_group(group)
                     return
                 handle, ctx = self._allreduce_async(p)
             self._handles[p] = (handle, ctx)
@@ -139,10 +144,18 @@ class _Distributed(torch.optim.Optimizer):
                                       postscale_factor=post, process_set=self.process_set)  # fmt: skip
         return handle, ctx
 
-    def _grouped_async(self, group: tuple[torch.Tensor, ...]) -> tuple[Any, Any]:
+    def _submit_group(self, group: tuple[torch.Tensor, ...]) -> None:
+        """A group's one grouped request (its sparse gradients went alone at their hooks);
+        missing gradients count as zeros, so every rank sends every group, by one name."""
         for p in group:
             if p.grad is None:
                 p.grad = torch.zeros_like(p)
+        dense = tuple(p for p in group if p.grad is None or not p.grad.is_sparse)
+        if dense:
+            self._handles[dense] = self._grouped_async(dense)
+        self._group_counts[group] = -1  # sent this step
+
+    def _grouped_async(self, group: tuple[torch.Tensor, ...]) -> tuple[Any, Any]:
         sent, ctxs = zip(*[self._compression.compress(p.grad) for p in group], strict=False)
         pre, post = self._scales()
         handle = ops.grouped_allreduce_async_(list(sent), name=self._parameter_names[group[0]], op=self.op,
@@ -155,10 +168,19 @@ class _Distributed(torch.optim.Optimizer):
         if not self.process_set.included():
             self._synchronized = True
             return
+        for key, (handle, _ctx) in list(self._handles.items()):
+            if handle is None and key in self._p_to_group:  # its group goes as one, below
+                del self._handles[key]
+        for group, count in list(self._group_counts.items()):
+            if count != -1:  # backward did not complete it here (it may elsewhere)
+                for p in group:
+                    if p.grad is not None and p.grad.is_sparse and p not in self._handles:
+                        self._handles[p] = self._allreduce_async(p)
+                self._submit_group(group)
         done: set[torch.Tensor] = set()
         for key in self._handles:
             done.update(key) if isinstance(key, tuple) else done.add(key)
-        for p in self._requires_update - done:
+        for p in self._requires_update - done - set(self._p_to_group):
             self._handles[p] = self._allreduce_async(p)
         for key, (handle, _ctx) in list(self._handles.items()):
             if handle is None:
@@ -224,6 +246,31 @@ class _Distributed(torch.optim.Optimizer):
         self.backward_passes_per_step = passes
         for p in self._delay:
             self._delay[p] = passes
+
+
+#: ``groups=None``: the optimizer forms DDP-like buckets itself.
+AUTO: Any = object()
+#: A bucket's size (DDP's default), or one parameter alone when larger.
+BUCKET_BYTES = 25 * 2**20
+
+
+def buckets(params: list[torch.Tensor], cap: int = BUCKET_BYTES) -> list[tuple[torch.Tensor, ...]]:
+    """``params`` (in definition order) as groups of at most ``cap`` bytes, last ones first.
+
+    Example:
+        >>> [len(b) for b in buckets(list(torch.nn.Linear(4, 2).parameters()))]
+        [2]
+    """
+    out: list[list[torch.Tensor]] = [[]]
+    size = 0
+    for p in reversed(params):
+        nbytes = p.numel() * p.element_size()
+        if out[-1] and size + nbytes > cap:
+            out.append([])
+            size = 0
+        out[-1].append(p)
+        size += nbytes
+    return [tuple(b) for b in out if b]
 
 
 def _parameter_names(param_groups: list[dict[str, Any]],
