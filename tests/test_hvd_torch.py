@@ -179,3 +179,22 @@ def test_a_dead_peer_fails_the_others_fast(tmp_path):
     line = next(ln for ln in out.splitlines() if "RAISED" in ln)
     assert float(line.split()[1]) < 30, line
     assert "peer" in line or "shut down" in line, line
+
+
+@pytest.mark.stacks("torch", "gpu")
+def test_cuda_tensors_go_over_nccl_where_torch_has_it(monkeypatch):
+    """No GPU here: only CUDA's presence is faked (it cannot exist on this machine); whether
+    torch has NCCL is torch's own answer - yes on the gpu stack's CUDA build, no on the CPU
+    wheel. The engine's data group then takes CPU tensors over gloo, CUDA ones over NCCL."""
+    import torch
+    import torch.distributed as dist
+
+    from hvdrunner.engine import world
+
+    if os.environ.get("STACK") == "gpu":
+        assert dist.is_nccl_available()
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    expected = "cpu:gloo,cuda:nccl" if dist.is_nccl_available() else "gloo"
+    assert world.data_backend() == expected
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert world.data_backend() == "gloo"
