@@ -60,6 +60,20 @@ def slot_env(slot: Slot) -> dict[str, str]:
     }  # fmt: skip
 
 
+def torch_env(slot: Slot, master_addr: str | None, master_port: int | None) -> dict[str, str]:
+    """torch's standard environment for a rank (what torchrun sets), so that
+    ``torch.distributed`` (hvdrunner's engine, Lightning, Mosaic Streaming...) sees the job as
+    Horovod does: rank 0's address and a port that was free there."""
+    env = {
+        "RANK": str(slot.rank), "WORLD_SIZE": str(slot.size),
+        "LOCAL_RANK": str(slot.local_rank), "LOCAL_WORLD_SIZE": str(slot.local_size),
+        "GROUP_RANK": str(slot.cross_rank),
+    }  # fmt: skip
+    if master_addr and master_port:
+        env.update({"MASTER_ADDR": master_addr, "MASTER_PORT": str(master_port)})
+    return env
+
+
 def host_id() -> str:
     """This host: its short name and a digest of its full name and kernel namespaces."""
     name = socket.gethostname()

@@ -57,20 +57,6 @@ class _Conn:
         return f"{name} ({self.ip})" if self.ip and self.ip != name else name
 
 
-def torch_env(slot: Any, master_addr: str | None, master_port: int | None) -> dict[str, str]:
-    """torch's standard environment for a rank (what torchrun sets), so that
-    ``torch.distributed`` (hvdrunner's engine, Lightning, Mosaic Streaming...) sees the job as
-    Horovod does: rank 0's address and a port that was free there."""
-    env = {
-        "RANK": str(slot.rank), "WORLD_SIZE": str(slot.size),
-        "LOCAL_RANK": str(slot.local_rank), "LOCAL_WORLD_SIZE": str(slot.local_size),
-        "GROUP_RANK": str(slot.cross_rank),
-    }  # fmt: skip
-    if master_addr and master_port:
-        env.update({"MASTER_ADDR": master_addr, "MASTER_PORT": str(master_port)})
-    return env
-
-
 class DriverService:
     """Accepts supervisors, hands out ranks and turns their reports into one verdict."""
 
@@ -215,7 +201,7 @@ class DriverService:
                     protocol.NUM_HOSTS_ENV: num_hosts,
                 }
             )
-            env.update(torch_env(slot, rank0.ip or rank0.address, rank0.port))
+            env.update(assignments.torch_env(slot, rank0.ip or rank0.address, rank0.port))
             commit = self._resume_commit if slot.rank == 0 else None
             conn.channel.send(protocol.Assign(env, commit))
 
