@@ -21,19 +21,34 @@ from hvdrunner import _versions
 F = TypeVar("F", bound=Callable[..., Any])
 
 
+def _env_int(names: tuple[str, ...], default: int) -> int:
+    for name in names:
+        value = os.environ.get(name)
+        if value:
+            return int(value)
+    return default
+
+
 def rank() -> int:
-    """This process's Horovod rank (``HOROVOD_RANK``, set by the launcher); 0 outside a job."""
-    return int(os.environ.get("HOROVOD_RANK", "0"))
+    """This process's rank: ``HOROVOD_RANK`` (HorovodRunner, horovodrun), else torch's
+    ``RANK`` (torchrun, TorchDistributor, serverless ``@distributed``); 0 outside a job.
+
+    Example:
+        >>> rank()  # outside a job
+        0
+    """
+    return _env_int(("HOROVOD_RANK", "RANK"), 0)
 
 
 def size() -> int:
-    """The number of ranks in the job; 1 outside a job."""
-    return int(os.environ.get("HOROVOD_SIZE", "1"))
+    """The number of ranks in the job (``HOROVOD_SIZE``, else ``WORLD_SIZE``); 1 outside."""
+    return _env_int(("HOROVOD_SIZE", "WORLD_SIZE"), 1)
 
 
 def local_rank() -> int:
-    """This process's rank among the ranks on its host; 0 outside a job."""
-    return int(os.environ.get("HOROVOD_LOCAL_RANK", "0"))
+    """This process's rank among the ranks on its host (``HOROVOD_LOCAL_RANK``, else
+    ``LOCAL_RANK``); 0 outside a job."""
+    return _env_int(("HOROVOD_LOCAL_RANK", "LOCAL_RANK"), 0)
 
 
 #: Set by the driver in every rank's environment: which attempt of the job this is (1-based).
