@@ -99,49 +99,35 @@ class ObjectState(State):
             setattr(self, attr, copy.deepcopy(value))
 
 
-class _ModelHandler:
-    def __init__(self, model: torch.nn.Module) -> None:
-        self.value = model
-        self._saved_model_state = copy.deepcopy(model.state_dict())
+class _Handler:
+    """One stateful object of a ``TorchState`` (model, optimizer or sampler): its
+    ``state_dict()`` saved at each commit (a ``_saved_*`` attribute, as Horovod names what a
+    commit keeps), loaded back on restore, and ``sync`` to hand rank 0's to every rank."""
+
+    def __init__(self, value: Any, sync: Callable[[Any], None]) -> None:
+        self.value, self._sync = value, sync
+        self.save()
 
     def save(self) -> None:
-        self._saved_model_state = copy.deepcopy(self.value.state_dict())
+        self._saved_value = copy.deepcopy(self.value.state_dict())
 
     def restore(self) -> None:
-        self.value.load_state_dict(self._saved_model_state)
+        self.value.load_state_dict(self._saved_value)
 
     def sync(self) -> None:
-        functions.broadcast_parameters(self.value.state_dict(), root_rank=0)
+        self._sync(self.value)
 
 
-class _OptimizerHandler:
-    def __init__(self, optimizer: torch.optim.Optimizer) -> None:
-        self.value = optimizer
-        self._saved_optimizer_state = copy.deepcopy(optimizer.state_dict())
-
-    def save(self) -> None:
-        self._saved_optimizer_state = copy.deepcopy(self.value.state_dict())
-
-    def restore(self) -> None:
-        self.value.load_state_dict(self._saved_optimizer_state)
-
-    def sync(self) -> None:
-        functions.broadcast_optimizer_state(self.value, root_rank=0)
+def _sync_model(model: torch.nn.Module) -> None:
+    functions.broadcast_parameters(model.state_dict(), root_rank=0)
 
 
-class _SamplerHandler:
-    def __init__(self, sampler: ElasticSampler) -> None:
-        self.value = sampler
-        self._saved_sampler_state = copy.deepcopy(sampler.state_dict())
+def _sync_optimizer(optimizer: torch.optim.Optimizer) -> None:
+    functions.broadcast_optimizer_state(optimizer, root_rank=0)
 
-    def save(self) -> None:
-        self._saved_sampler_state = copy.deepcopy(self.value.state_dict())
 
-    def restore(self) -> None:
-        self.value.load_state_dict(self._saved_sampler_state)
-
-    def sync(self) -> None:
-        self.value.load_state_dict(functions.broadcast_object(self.value.state_dict()))
+def _sync_sampler(sampler: ElasticSampler) -> None:
+    sampler.load_state_dict(functions.broadcast_object(sampler.state_dict()))
 
 
 class TorchState(ObjectState):
@@ -182,13 +168,13 @@ class TorchState(ObjectState):
         super().sync()
 
 
-def _handler_for(value: Any) -> Any:
+def _handler_for(value: Any) -> _Handler | None:
     if isinstance(value, torch.nn.Module):
-        return _ModelHandler(value)
+        return _Handler(value, _sync_model)
     if isinstance(value, torch.optim.Optimizer):
-        return _OptimizerHandler(value)
+        return _Handler(value, _sync_optimizer)
     if isinstance(value, ElasticSampler):
-        return _SamplerHandler(value)
+        return _Handler(value, _sync_sampler)
     return None
 
 

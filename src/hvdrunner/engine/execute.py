@@ -129,7 +129,7 @@ class Executor:
         group, ranks = self._group_of(readies[0].entry.ps_id)
         sig = readies[0].entry.signatures[next(iter(readies[0].entry.signatures))]
         op, pre, post = sig[4], sig[5], sig[6]
-        pieces = [_inputs(r, sig_shapes=r.entry.signatures[_any(r)][3]) for r in readies]
+        pieces = [_inputs(r) for r in readies]
         flat = [scale(t, pre).reshape(-1) for ts in pieces for t in ts]
         buf = wire(flat[0].clone() if len(flat) == 1 else torch.cat(flat))
         if len(ranks) > 1:
@@ -233,14 +233,14 @@ def _any(ready: Ready) -> int:
     return next(iter(ready.entry.signatures))
 
 
-def _inputs(ready: Ready, sig_shapes: Any) -> list[torch.Tensor]:
+def _inputs(ready: Ready) -> list[torch.Tensor]:
     """This rank's tensors, or zeros of the agreed shapes on a rank that joined."""
     if ready.mine is not None:
         return [t.detach() for t in ready.mine.tensors]
     sig = ready.entry.signatures[_any(ready)]
     dtype = getattr(torch, sig[1])
     device = torch.device(sig[2], torch.cuda.current_device()) if sig[2] == "cuda" else "cpu"
-    return [torch.zeros(shape, dtype=dtype, device=device) for shape in sig_shapes]
+    return [torch.zeros(shape, dtype=dtype, device=device) for shape in sig[3]]
 
 
 def _fusion_key(ready: Ready) -> tuple[Any, ...]:
