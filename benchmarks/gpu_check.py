@@ -1,9 +1,12 @@
 """The measurements of ``make gpu-check`` (scripts/gpu_check.sh), in one process tree:
 
+Steps 1-3 run once per PyTorch engine: hvdrunner's (``hvdrunner.hvd_torch`` on
+torch.distributed, NCCL on GPUs) and, where it imports, the compiled ``horovod.torch``.
+
 1. **pinning**: HorovodRunner ranks on the driver (np<0), one per GPU; each reports the
    ``CUDA_VISIBLE_DEVICES`` hvdrunner gave it and the PCI bus id of its device (distinct ids
    prove one GPU per rank; NCCL itself refuses two ranks on one GPU);
-2. **allreduce**: ``hvd.allreduce`` of a 64 MiB float32 tensor on each rank's device, checked
+2. **allreduce**: the engine's ``allreduce`` of a 64 MiB float32 tensor on each rank's device, checked
    against the exact sum, then timed (``nccl_built()`` must be true on GPUs); bus bandwidth
    = 2(n-1)/n x bytes / time, as nccl-tests reports it;
 3. **torch fit**: ``hvdrunner.torch.fit`` of an MLP 784-1024-1024-10 on synthetic rows,
@@ -41,12 +44,12 @@ def _ranks(device: str) -> int:
 
 def allreduce_job(device: str, mib: int, iters: int) -> dict[str, Any]:
     """One rank: pinning facts, then a checked and timed allreduce."""
-    import horovod.torch as hvd
     import torch
-    from horovod.common.util import nccl_built
 
     import hvdrunner.torch as ht
+    from hvdrunner.torch.collectives import engine_module
 
+    hvd = engine_module()  # the engine HVDRUNNER_TORCH_ENGINE names (main() sets it per run)
     dev = ht.init()  # hvd.init(), this rank's GPU (hvdrunner's pinning), seeds, threads
     if device == "cpu":
         dev = torch.device("cpu")
@@ -69,7 +72,7 @@ def allreduce_job(device: str, mib: int, iters: int) -> dict[str, Any]:
     })  # fmt: skip
     nbytes = n * 4
     return {
-        "ranks": facts, "nccl_built": bool(nccl_built()), "tensor_mib": mib,
+        "ranks": facts, "nccl_built": bool(hvd.nccl_built()), "tensor_mib": mib,
         "seconds": seconds, "bus_gbytes_per_s": 2 * (size - 1) / size * nbytes / seconds / 1e9 if size > 1 else None,
     }  # fmt: skip
 
@@ -124,6 +127,15 @@ def torch_fit_job(data: Any, epochs: int) -> dict[str, Any] | None:
             "accuracy": result.history["accuracy"][-1]}  # fmt: skip
 
 
+def _engines() -> list[str]:
+    """hvdrunner's engine always; the compiled horovod.torch too where it imports."""
+    try:
+        import horovod.torch  # noqa: F401
+    except ImportError:
+        return ["hvdrunner"]
+    return ["hvdrunner", "horovod"]
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--device", choices=("cuda", "cpu"), default="cuda")
@@ -133,23 +145,24 @@ def main() -> int:
     parser.add_argument("--keras-python", help="a TensorFlow stack's python for the Keras fit")
     parser.add_argument("--out", help="results JSON (default: print only)")
     args = parser.parse_args()
-    from hvdrunner import HorovodRunner
+    from hvdrunner import HorovodRunner, _versions
     from hvdrunner.spark import local_session
 
     ranks = _ranks(args.device)
-    out: dict[str, Any] = {"device": args.device, "ranks": ranks}
-    allreduce = HorovodRunner(np=-ranks).run(
-        allreduce_job, device=args.device, mib=args.mib, iters=10
-    )
-    out["allreduce"] = allreduce
-    print(json.dumps(allreduce, indent=1), flush=True)
-    if not all(r["correct"] for r in allreduce["ranks"]):
-        print("ERROR: allreduce gave a wrong sum", file=sys.stderr)
-        return 1
+    out: dict[str, Any] = {"device": args.device, "ranks": ranks, "engines": {}}
     spark = local_session(f"local[{max(2, ranks)}]", app_name="hvdrunner-gpu-check")
     data = _data(spark, str(Path(".hvdrunner") / "gpu-check-cache"), args.rows)
-    out["torch_fit"] = HorovodRunner(np=-ranks).run(torch_fit_job, data=data, epochs=args.epochs)
-    print(json.dumps(out["torch_fit"]), flush=True)
+    for engine in _engines():
+        os.environ[_versions.ENGINE_ENV] = engine  # the ranks inherit it (framework_env)
+        runs: dict[str, Any] = {"allreduce": HorovodRunner(np=-ranks).run(
+            allreduce_job, device=args.device, mib=args.mib, iters=10)}  # fmt: skip
+        print(engine, json.dumps(runs["allreduce"], indent=1), flush=True)
+        if not all(r["correct"] for r in runs["allreduce"]["ranks"]):
+            print(f"ERROR: allreduce on the {engine} engine gave a wrong sum", file=sys.stderr)
+            return 1
+        runs["torch_fit"] = HorovodRunner(np=-ranks).run(torch_fit_job, data=data, epochs=args.epochs)
+        print(engine, json.dumps(runs["torch_fit"]), flush=True)
+        out["engines"][engine] = runs
     if args.keras_python:  # its own interpreter: the gpu stack has no TensorFlow
         proc = subprocess.run([args.keras_python, str(Path(__file__).parent / "gpu_check_keras.py"),
                                "--ranks", str(ranks), "--epochs", str(args.epochs),

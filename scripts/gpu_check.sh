@@ -4,7 +4,8 @@
 #   1. the gpu stack (make env STACK=gpu): PyTorch's CUDA build, horovod built with CUDA + NCCL;
 #   2. benchmarks/gpu_check.py under it: ranks pinned to GPUs by hvdrunner (one per GPU; NCCL
 #      refuses two ranks on one GPU, so one GPU means one rank), NCCL allreduce on GPU tensors
-#      (checked, then timed: bus bandwidth), a timed hvdrunner.torch.fit on the GPUs, and a
+#      (checked, then timed: bus bandwidth) and a timed hvdrunner.torch.fit on the GPUs, each
+#      on hvdrunner's engine (torch.distributed) and on the compiled horovod.torch; and a
 #      timed hvdrunner.keras.fit where the modern stack is set up (TensorFlow's device is
 #      reported: TF's pip build sees GPUs only with its CUDA libraries installed).
 # Figures are printed and written to benchmarks/results/gpu_check.json.

@@ -84,9 +84,12 @@ def test_the_gpu_check_script_runs_its_steps_on_cpu_ranks(tmp_path):
     )  # fmt: skip
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
     result = json.loads(out.read_text())
-    assert result["ranks"] == 2 and result["allreduce"]["nccl_built"] is True
-    assert [r["correct"] for r in result["allreduce"]["ranks"]] == [True, True]
-    assert result["torch_fit"]["rows_per_s"] > 0 and len(result["torch_fit"]["epoch_s"]) == 2
+    # Both PyTorch engines ran: hvdrunner's (torch.distributed) and the compiled horovod.torch.
+    assert result["ranks"] == 2 and sorted(result["engines"]) == ["horovod", "hvdrunner"]
+    for engine, runs in result["engines"].items():
+        assert runs["allreduce"]["nccl_built"] is True, engine  # the CUDA torch and wheel have NCCL
+        assert [r["correct"] for r in runs["allreduce"]["ranks"]] == [True, True], engine
+        assert runs["torch_fit"]["rows_per_s"] > 0 and len(runs["torch_fit"]["epoch_s"]) == 2
 
 
 def test_make_gpu_check_says_at_once_that_it_needs_a_gpu(tmp_path):

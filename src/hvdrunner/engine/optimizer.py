@@ -37,6 +37,8 @@ from hvdrunner.engine.process_sets import ProcessSet, global_process_set
 class _Distributed(torch.optim.Optimizer):
     """The methods the wrapper adds; mixed into a subclass of the user's optimizer class."""
 
+    _hvd_base: type  # the subclass of the user's optimizer class this body is copied into
+
     def _hvd_setup(self, named: list[tuple[str, torch.Tensor]] | None, compression: Any,
                    passes: int, op: int, predivide: float, groups: Any, sparse_as_dense: bool,
                    process_set: ProcessSet) -> None:  # fmt: skip
@@ -212,6 +214,10 @@ class _Distributed(torch.optim.Optimizer):
         finally:
             self._should_synchronize = True
 
+    def _base(self) -> Any:
+        # The user's optimizer class: this class is copied into a subclass of it at wrap time.
+        return super(self._hvd_base, self)
+
     def step(self, closure: Any = None) -> Any:
         if self._should_synchronize:
             if self._synchronized:
@@ -223,7 +229,7 @@ class _Distributed(torch.optim.Optimizer):
                 )  # fmt: skip
             self.synchronize()
         self._synchronized = False
-        return super(self._hvd_base, self).step(closure)  # type: ignore[attr-defined]
+        return self._base().step(closure)
 
     def zero_grad(self, set_to_none: bool = True) -> None:
         if self._handles:
@@ -232,7 +238,7 @@ class _Distributed(torch.optim.Optimizer):
                 "optimizer.step() or optimizer.synchronize(). This is prohibited as it can "
                 "cause a race condition."
             )
-        return super(self._hvd_base, self).zero_grad(set_to_none)  # type: ignore[attr-defined]
+        return self._base().zero_grad(set_to_none)
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         self._handles = {}
@@ -240,7 +246,7 @@ class _Distributed(torch.optim.Optimizer):
         self._should_synchronize = True
         for p in self._delay:
             self._delay[p] = self.backward_passes_per_step
-        super(self._hvd_base, self).load_state_dict(state_dict)  # type: ignore[attr-defined]
+        self._base().load_state_dict(state_dict)
 
     def set_backward_passes_per_step(self, passes: int) -> None:
         self.backward_passes_per_step = passes
@@ -339,9 +345,9 @@ def DistributedOptimizer(  # noqa: N802 - Horovod's name
     if op == ADASUM and state.size() > 1:
         raise NotImplementedError(ADASUM_REFUSED)
     base = optimizer.__class__
-    cls = type(base.__name__, (base,), {k: v for k, v in vars(_Distributed).items()
+    cls: Any = type(base.__name__, (base,), {k: v for k, v in vars(_Distributed).items()
                                         if k not in ("__dict__", "__weakref__")})  # fmt: skip
-    cls._hvd_base = cls  # type: ignore[attr-defined]
+    cls._hvd_base = cls
     wrapped: Any = object.__new__(cls)
     torch.optim.Optimizer.__init__(wrapped, optimizer.param_groups, optimizer.defaults)
     named = list(named_parameters) if named_parameters is not None else None
