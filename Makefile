@@ -4,11 +4,13 @@
 # STACK=modern (default): Python 3.12, TF 2.21 / Keras 3, pyspark 4.1 - the runtimes after
 #                         DBR 15.4 LTS ML, where Databricks ships no HorovodRunner.
 # STACK=lts:              Python 3.11, TF 2.15 / Keras 2, pyspark 3.5, petastorm (DBR 15.4 LTS ML).
-# STACK=torch:            Python 3.11, torch 2.13 (CPU), pyspark 4.1, no TensorFlow: the PyTorch
-#                         tests (marker `torch`) and `make demo FRAMEWORK=torch`.
+# STACK=torch:            Python 3.11, torch 2.13 (CPU), pyspark 4.1, no TensorFlow, no horovod
+#                         (nothing compiled): the PyTorch tests (marker `torch`) on
+#                         hvdrunner's engine and `make demo FRAMEWORK=torch`.
 # STACK=gpu:              Python 3.11, torch 2.14 (CUDA 13.0) and horovod built with CUDA + NCCL
-#                         from registry packages (no GPU needed to build): the GPU wheel's
-#                         CPU paths (marker `stacks("gpu")`); on a GPU machine `make gpu-check`.
+#                         from registry packages (no GPU needed to build): the compiled
+#                         horovod.torch's tests on its CPU paths (marker `stacks("gpu")`);
+#                         on a GPU machine `make gpu-check`.
 # make demo FRAMEWORK=torch: the PyTorch chain (on STACK=torch unless STACK says otherwise).
 FRAMEWORK ?= keras
 ifeq ($(FRAMEWORK),torch)
@@ -43,8 +45,6 @@ demo-images: $(STAMP) ## images: JPEG files -> a table -> decoded on 2 ranks -> 
 	MLFLOW_TRACKING_URI=$${MLFLOW_TRACKING_URI:-sqlite:///mlflow.db} $(PY) -m hvdrunner.notebook run notebooks/04_images.py --task-values .hvdrunner/images_task_values.json
 
 test: $(STAMP)        ## the tests that $(STACK) adds information to (tests/conftest.py); CI runs every stack
-	@# The gpu stack's wheel is compared with the torch stack's CPU wheel (tests/test_gpu_wheel.py).
-	@[ "$(STACK)" != gpu ] || $(MAKE) --no-print-directory env STACK=torch
 	$(PY) -m pytest $(PYTEST_ARGS)
 
 test-all: $(STAMP)    ## every test $(STACK)'s frameworks can run, framework-independent ones too

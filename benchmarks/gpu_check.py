@@ -160,7 +160,9 @@ def main() -> int:
         if not all(r["correct"] for r in runs["allreduce"]["ranks"]):
             print(f"ERROR: allreduce on the {engine} engine gave a wrong sum", file=sys.stderr)
             return 1
-        runs["torch_fit"] = HorovodRunner(np=-ranks).run(torch_fit_job, data=data, epochs=args.epochs)
+        runs["torch_fit"] = HorovodRunner(np=-ranks).run(
+            torch_fit_job, data=data, epochs=args.epochs
+        )
         print(engine, json.dumps(runs["torch_fit"]), flush=True)
         out["engines"][engine] = runs
     if args.keras_python:  # its own interpreter: the gpu stack has no TensorFlow

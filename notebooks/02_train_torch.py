@@ -25,17 +25,20 @@
 
 # COMMAND ----------
 
-# hvdrunner and its horovod wheel: the bundle's jobs attach them as task libraries. A
-# notebook imported by hand needs them installed first (docs/install.md): a cell above with
-#   %pip install /Volumes/<catalog>/<schema>/hvdrunner/wheels/<runtime>/*.whl
-# then dbutils.library.restartPython(), or both wheels as cluster libraries.
+# hvdrunner's wheel is all this notebook needs (Horovod's PyTorch API runs on
+# torch.distributed: no horovod, nothing compiled); the bundle's job attaches it as a task
+# library. A notebook imported by hand needs it installed first (docs/install.md): a cell
+# above with
+#   %pip install /Volumes/<catalog>/<schema>/hvdrunner/hvdrunner-<version>-py3-none-any.whl
+# then dbutils.library.restartPython(), or the wheel as a cluster library.
 try:
     import hvdrunner
 except ImportError as exc:
     raise ImportError(
-        "hvdrunner is not installed on this cluster: install the wheels hvdrunner_build_horovod "
-        "published (%pip install /Volumes/<catalog>/<schema>/hvdrunner/wheels/<runtime>/*.whl, "
-        "then dbutils.library.restartPython()), or attach them as cluster libraries"
+        "hvdrunner is not installed on this cluster: %pip install its wheel "
+        "(/Volumes/<catalog>/<schema>/hvdrunner/hvdrunner-<version>-py3-none-any.whl, then "
+        "dbutils.library.restartPython()) or attach it as a cluster library; PyTorch needs "
+        "no horovod (docs/install.md)"
     ) from exc
 
 # COMMAND ----------

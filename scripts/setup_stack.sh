@@ -5,12 +5,14 @@
 #
 #   lts     Python 3.11, TF 2.15 (Keras 2), pyspark 3.5, pyarrow 14, petastorm (DBR 15.4 LTS ML)
 #   modern  Python 3.12, TF 2.21 (Keras 3) + tf_keras, pyspark 4.1, pyarrow < 23, no petastorm
-#   torch   Python 3.11, torch 2.13 (CPU), pyspark 4.1, pyarrow < 23, no TensorFlow
+#   torch   Python 3.11, torch 2.13 (CPU), pyspark 4.1, pyarrow < 23, no TensorFlow and no
+#           horovod: PyTorch runs on hvdrunner's engine (torch.distributed), nothing compiled
 #   gpu     Python 3.11, torch 2.14 (CUDA 13.0) + the registry's nvcc, horovod with CUDA + NCCL
-#           (built here with no GPU; the tests run its CPU paths), the torch stack's pins
+#           (built here with no GPU; the tests run its CPU paths), the torch stack's pins: the
+#           stack that keeps a compiled horovod.torch (unchanged-import and parity tests)
 #
 # Order matters: 1. the framework (requirements/<stack>/framework.txt); 2. horovod from source
-# against it (scripts/install_horovod.sh); 3. Spark, Arrow, MLflow, dev tools and hvdrunner
+# against it (scripts/install_horovod.sh; not on torch); 3. Spark, Arrow, MLflow, dev tools and hvdrunner
 # itself (editable). Any missing piece (the framework's or gloo support in horovod,
 # `pip check`) fails loudly.
 set -euo pipefail
@@ -60,8 +62,15 @@ say "stage 1/3: the framework ($REQ/framework.txt)"
 
 GPU=none
 [ "$STACK" != gpu ] || GPU=nccl
-say "stage 2/3: horovod from source (the framework + gloo, no MPI; GPU operations: $GPU)"
-PYTHON="$PY" HVDRUNNER_HOROVOD_GPU="$GPU" bash "$ROOT/scripts/install_horovod.sh"
+if [ "$STACK" = torch ]; then
+  # What a PyTorch user installs: hvdrunner alone. A horovod left from an older set-up goes,
+  # so this stack's tests prove that nothing compiled is needed.
+  say "stage 2/3: no horovod (PyTorch runs on hvdrunner's engine over torch.distributed)"
+  "${PIP[@]}" uninstall -q -y horovod 2>/dev/null || true
+else
+  say "stage 2/3: horovod from source (the framework + gloo, no MPI; GPU operations: $GPU)"
+  PYTHON="$PY" HVDRUNNER_HOROVOD_GPU="$GPU" bash "$ROOT/scripts/install_horovod.sh"
+fi
 
 say "stage 3/3: Spark, Arrow, MLflow, dev tools, hvdrunner ($REQ/stack.txt)"
 "${PIP[@]}" install -q -r "$REQ/stack.txt" -c "$REQ/framework.txt"

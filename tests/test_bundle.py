@@ -128,13 +128,22 @@ def test_catalog_and_schema_are_required_and_every_volume_path_derives_from_them
     assert "main/default" not in text and "main.default" not in text
 
 
-def test_training_jobs_check_the_wheel_first_naming_the_build_job_or_keep_the_runtimes(tmp_path):
+def _needs_horovod(target: str, job: str) -> bool:
+    """Only TensorFlow needs a horovod wheel: the PyTorch job and Keras on PyTorch run on
+    hvdrunner's engine (torch.distributed); 15.4 LTS ML ships its own horovod."""
+    return job == "hvdrunner_train" and target not in ("lts", "keras_on_torch")
+
+
+def test_training_jobs_check_the_wheel_first_naming_the_build_job_or_need_none(tmp_path):
     for name in TARGETS:
         config = _resolved(name)
         for job in ("hvdrunner_train", "hvdrunner_train_torch"):
             tasks = {t["task_key"]: t for t in _job(config, job)["tasks"]}
-            if name == "lts":  # 15.4 LTS ML's own horovod: nothing to check
+            if not _needs_horovod(name, job):  # nothing to check, nothing to wait for
                 assert "check_horovod_wheel" not in tasks
+                assert "depends_on" not in tasks["prepare_data"]
+                train = tasks["train_keras" if job == "hvdrunner_train" else "train_torch"]
+                assert not [lib for lib in train["libraries"] if "horovod" in lib.get("whl", "")]
                 continue
             check = tasks["check_horovod_wheel"]
             assert "libraries" not in check  # runs before any library install
@@ -217,9 +226,10 @@ def test_the_training_job_installs_the_wheel_the_build_job_writes(name):
         assert cluster["single_user_name"] == variables["cluster_user"] == USER
         libs = [lib["whl"] for lib in _task(train, task_key)["libraries"] if "whl" in lib]
         horovod = [lib for lib in libs if "horovod" in lib]
-        if name == "lts":
+        if not _needs_horovod(name, job):
             # 15.4 LTS ML ships horovod 0.28.1; pip skips a wheel of the same version, so
-            # attaching ours would silently keep theirs: lts keeps it on purpose.
+            # attaching ours would silently keep theirs: lts keeps it on purpose. PyTorch and
+            # Keras on PyTorch run on hvdrunner's engine: hvdrunner's wheel is all they get.
             assert horovod == []
         else:
             (wheel,) = horovod  # the one wheel, built against the runtime's TF and torch

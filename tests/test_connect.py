@@ -1,5 +1,5 @@
-"""HorovodRunner from a Spark Connect session (the Connect launch backend): the unchanged
-horovod.torch recipe, ``prepare()`` and the converter, ``fit`` restarted after a SIGKILL
+"""HorovodRunner from a Spark Connect session (the Connect launch backend): Horovod's
+PyTorch recipe (on hvdrunner's engine), ``prepare()`` and the converter, ``fit`` restarted after a SIGKILL
 into one MLflow run, a failing rank named with its exception, two concurrent jobs, and what
 a Connect client cannot serve refused before launch. A real Connect server (its own JVM, local[2]) and real ranks
 over gloo; the test process talks to Spark only through the Connect client."""
@@ -96,7 +96,7 @@ def test_fit_restarts_after_a_sigkill_into_one_finished_run(connect, digits, sto
 
 
 def fails_on_rank1() -> int:
-    import horovod.torch as hvd
+    import hvdrunner.hvd_torch as hvd
 
     hvd.init()
     if hvd.rank() == 1:

@@ -18,12 +18,15 @@ from hvdrunner import HorovodRunner
 pytestmark = pytest.mark.torch
 
 
-def elastic_recipe(marks: str, die_at: tuple[int, int] | None, epochs: int = 3,
+def elastic_recipe(marks: str, die_at: tuple[int, int] | None, engine: str, epochs: int = 3,
                    batches: int = 8) -> dict:  # fmt: skip
     """Horovod's elastic PyTorch recipe, as its docs write it (the batch counter committed
-    after the step it counts)."""
-    import horovod.torch as hvd
+    after the step it counts), with ``import <engine> as hvd``."""
+    import importlib
+
     import torch
+
+    hvd = importlib.import_module(engine)
 
     from hvdrunner.distributed import attempt
 
@@ -66,14 +69,16 @@ def elastic_recipe(marks: str, die_at: tuple[int, int] | None, epochs: int = 3,
 
 
 @pytest.mark.timeout(300)
-@pytest.mark.stacks("torch", "gpu")
-def test_elastic_code_resumes_from_its_last_commit_after_a_killed_rank(tmp_path):
+@pytest.mark.parametrize("engine", [
+    "hvdrunner.hvd_torch",  # the torch stack: hvdrunner's engine
+    pytest.param("horovod.torch", marks=pytest.mark.stacks("gpu"))])  # the compiled horovod  # fmt: skip
+def test_elastic_code_resumes_from_its_last_commit_after_a_killed_rank(tmp_path, engine):
     (tmp_path / "undisturbed").mkdir()
     (tmp_path / "killed").mkdir()
     reference = HorovodRunner(np=-2).run(elastic_recipe, marks=str(tmp_path / "undisturbed"),
-                                         die_at=None)  # fmt: skip
+                                         die_at=None, engine=engine)  # fmt: skip
     got = HorovodRunner(np=-2, max_restarts=1).run(
-        elastic_recipe, marks=str(tmp_path / "killed"), die_at=(1, 5)
+        elastic_recipe, marks=str(tmp_path / "killed"), die_at=(1, 5), engine=engine
     )
     assert reference["attempt"] == 1 and tuple(reference["start"]) == (0, 0)
     assert got["attempt"] == 2

@@ -1,9 +1,11 @@
 """The CUDA + NCCL horovod wheel (the gpu stack: torch 2.14.1's CUDA 13.0 build, built with the
 registry's nvcc), on a machine with no GPU: what it is (CUDA and NCCL built in, both versions
-in its cache key), and that its CPU paths give what the CPU wheel gives - a GPU wheel whose
-CPU paths were broken would fail here. The GPU paths themselves (NCCL on GPU tensors, pinning
+in its cache key), and that its CPU paths give what hvdrunner's engine gives on the same
+torch - a GPU wheel whose CPU paths were broken, or an engine whose arithmetic differs from
+Horovod's, would fail here. The GPU paths themselves (NCCL on GPU tensors, pinning
 on real GPUs) need a GPU: ``make gpu-check`` (scripts/gpu_check.sh); its CPU mode runs here.
-The torch tests marked ``stacks("torch", "gpu")`` run on both wheels too (docs/testing.md)."""
+The torch tests marked ``stacks("torch", "gpu")`` run on both stacks (docs/testing.md); those
+about the compiled ``horovod.torch`` run here only, the one stack that keeps it."""
 
 from __future__ import annotations
 
@@ -18,7 +20,6 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 BUILDER = ROOT / "scripts" / "install_horovod.sh"
-CPU_WHEEL_PYTHON = ROOT / ".venv-torch" / "bin" / "python"
 
 
 @pytest.mark.torch
@@ -44,32 +45,29 @@ def test_the_gpu_wheel_is_a_cuda_nccl_build_keyed_by_both_versions(tmp_path):
 @pytest.mark.torch
 @pytest.mark.stacks("gpu")
 @pytest.mark.timeout(420)
-def test_the_gpu_wheels_cpu_paths_give_what_the_cpu_wheel_gives(tmp_path):
-    """The same job under both builds: allreduce, the unchanged recipe, fit and Keras' fit on
-    PyTorch, 2 ranks."""
-    if not CPU_WHEEL_PYTHON.exists():
-        pytest.fail(
-            f"{CPU_WHEEL_PYTHON} is missing: `make test STACK=gpu` sets up the torch stack first"
-        )
+def test_the_gpu_wheels_cpu_paths_give_what_the_engine_gives(tmp_path):
+    """The same job on both engines, one torch: allreduce, Horovod's recipe, fit and Keras'
+    fit on PyTorch, 2 ranks. The parity the docs promise: the same losses within 1e-6."""
     results = {}
-    for name, python in (("gpu", sys.executable), ("cpu", str(CPU_WHEEL_PYTHON))):
+    for engine in ("horovod", "hvdrunner"):
         proc = subprocess.run(
-            [python, str(ROOT / "tests" / "helpers" / "wheel_parity.py"), str(tmp_path / name)],
+            [sys.executable, str(ROOT / "tests" / "helpers" / "wheel_parity.py"),
+             str(tmp_path / engine), engine],
             capture_output=True, text=True, timeout=200, cwd=tmp_path,
-            env={**os.environ, "PYSPARK_PYTHON": python, "PYSPARK_DRIVER_PYTHON": python},
         )  # fmt: skip
         line = [ln for ln in proc.stdout.splitlines() if ln.startswith("PARITY ")]
         assert proc.returncode == 0 and line, proc.stdout[-2000:] + proc.stderr[-3000:]
-        results[name] = json.loads(line[0][len("PARITY ") :])
+        results[engine] = json.loads(line[0][len("PARITY ") :])
     import numpy as np
 
-    gpu_run, cpu_run = results["gpu"], results["cpu"]
-    np.testing.assert_allclose(gpu_run["sum"], cpu_run["sum"], rtol=1e-12)  # float64 sums
-    np.testing.assert_allclose(gpu_run["avg"], cpu_run["avg"], rtol=1e-12)
-    for mine, theirs in zip(gpu_run["recipe"], cpu_run["recipe"], strict=True):
-        np.testing.assert_allclose(mine, theirs, rtol=1e-9)  # two torch builds, float64
-    np.testing.assert_allclose(gpu_run["fit_loss"], cpu_run["fit_loss"], rtol=1e-5)
-    np.testing.assert_allclose(gpu_run["keras_fit_loss"], cpu_run["keras_fit_loss"], rtol=1e-5)
+    compiled, engine = results["horovod"], results["hvdrunner"]
+    np.testing.assert_array_equal(engine["sum"], compiled["sum"])  # float64, same arithmetic
+    np.testing.assert_array_equal(engine["avg"], compiled["avg"])
+    for mine, theirs in zip(engine["recipe"], compiled["recipe"], strict=True):
+        np.testing.assert_array_equal(mine, theirs)
+    np.testing.assert_allclose(engine["fit_loss"], compiled["fit_loss"], rtol=1e-6, atol=0)
+    np.testing.assert_allclose(engine["keras_fit_loss"], compiled["keras_fit_loss"], rtol=1e-6,
+                               atol=0)  # fmt: skip
 
 
 @pytest.mark.torch

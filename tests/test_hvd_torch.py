@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -25,11 +26,33 @@ HELPERS = Path(__file__).parent / "helpers"
 SRC = Path(__file__).resolve().parents[1] / "src"
 
 
-def _without_horovod_env() -> dict[str, str]:
+def _without_horovod_env(package_dir: Path = SRC) -> dict[str, str]:
+    """horovod unimportable; hvdrunner imported from ``package_dir`` (the source tree, or
+    where its built wheel was installed)."""
     env = dict(os.environ, HVDRUNNER_DEADLOCK_S="2")
-    env["PYTHONPATH"] = os.pathsep.join([str(HELPERS / "no_horovod"), str(SRC),
+    env["PYTHONPATH"] = os.pathsep.join([str(HELPERS / "no_horovod"), str(package_dir),
                                          env.get("PYTHONPATH", "")])  # fmt: skip
     return env
+
+
+def _install_built_wheel(tmp_path: Path) -> Path:
+    """hvdrunner as a user's one ``%pip install`` gets it: its wheel built from a copy of the
+    tree, installed alone (``--no-deps``: the runtime has torch and pyspark) into a folder."""
+    tree = tmp_path / "tree"
+    tree.mkdir()
+    for name in ("pyproject.toml", "README.md", "CHANGELOG.md"):
+        shutil.copy(SRC.parent / name, tree / name)
+    shutil.copytree(SRC, tree / "src", ignore=shutil.ignore_patterns("*.egg-info", "__pycache__"))
+    built = subprocess.run([sys.executable, "-m", "build", "--wheel", "--no-isolation", "--outdir",
+                            str(tmp_path / "dist"), str(tree)], capture_output=True, text=True,
+                           timeout=300)  # fmt: skip
+    assert built.returncode == 0, built.stdout[-2000:] + built.stderr[-2000:]
+    (wheel,) = (tmp_path / "dist").glob("hvdrunner-*-py3-none-any.whl")
+    site = tmp_path / "site"
+    pip = subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--target",
+                          str(site), str(wheel)], capture_output=True, text=True, timeout=300)  # fmt: skip
+    assert pip.returncode == 0, pip.stdout[-2000:] + pip.stderr[-2000:]
+    return site
 
 
 def _torchrun(*args: str, timeout: float) -> subprocess.CompletedProcess[str]:
@@ -90,6 +113,7 @@ def _recipe(engine: str) -> tuple[list[float], list, dict[str, str | None]]:
     return losses, params, env
 
 
+@pytest.mark.stacks("gpu")  # the stack that keeps a compiled horovod.torch
 def test_the_recipe_on_the_engine_matches_compiled_horovod_bit_for_bit():
     # driver processes (np=-2): the launch is not under test here (the docs' recipe below
     # runs on Spark barrier tasks), the arithmetic is
@@ -134,25 +158,34 @@ def train():
         loss = torch.nn.functional.cross_entropy(model(x), x[:, 0].gt(0).long())
         opt.zero_grad(); loss.backward(); opt.step()
     ht.check_in_sync(model)
+    import hvdrunner
     return {"loss": ht.average_metrics({"loss": loss.item()})["loss"],
-            "rank_has_horovod": any(m.startswith("horovod") for m in sys.modules)}
+            "rank_has_horovod": any(m.startswith("horovod") for m in sys.modules),
+            "rank_hvdrunner": hvdrunner.__file__}
 
+import hvdrunner
 out = HorovodRunner(np=-2).run(train)
 out["driver_has_horovod"] = any(m.startswith("horovod") for m in sys.modules)
+out["driver_hvdrunner"] = hvdrunner.__file__
 print("RESULT " + json.dumps(out))
 """
 
 
-def test_horovodrunner_and_hvdrunner_torch_need_no_horovod(tmp_path):
+def test_hvdrunners_wheel_alone_runs_a_pytorch_job_without_horovod(tmp_path):
+    # docs/install.md's one-%pip path: hvdrunner's built wheel, nothing compiled beside it;
     # horovod neither importable nor in the package metadata, for the driver and the ranks
+    site = _install_built_wheel(tmp_path)
     script = tmp_path / "job.py"
     script.write_text(NO_HOROVOD_JOB)
-    proc = subprocess.run([sys.executable, str(script)], env=_without_horovod_env(),
-                          capture_output=True, text=True, timeout=180)  # fmt: skip
+    proc = subprocess.run([sys.executable, str(script)], env=_without_horovod_env(site),
+                          capture_output=True, text=True, timeout=180, cwd=tmp_path)  # fmt: skip
     lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")]
     assert proc.returncode == 0 and lines, proc.stdout[-2000:] + proc.stderr[-3000:]
     out = json.loads(lines[0][len("RESULT ") :])
     assert out["loss"] > 0 and not out["rank_has_horovod"] and not out["driver_has_horovod"]
+    # the installed wheel ran, not the source tree
+    assert out["driver_hvdrunner"].startswith(str(site)), out["driver_hvdrunner"]
+    assert out["rank_hvdrunner"].startswith(str(site)), out["rank_hvdrunner"]
 
 
 def test_a_dead_peer_fails_the_others_fast(tmp_path):

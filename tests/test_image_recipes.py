@@ -2,7 +2,7 @@
 written on real Spark and Horovod ranks: a table of JPEG bytes read with Spark's
 ``binaryFile`` source (synthetic flowers, 5 classes), decoded on the ranks by a
 ``TransformSpec``. Keras on modern, and on lts again with real petastorm to the same
-accuracy; PyTorch on torch, against the standard horovod.torch recipe on the same images
+accuracy; PyTorch on torch, against the standard Horovod PyTorch recipe on the same images
 decoded in memory (no stack has both torch and petastorm)."""
 
 from __future__ import annotations
@@ -88,10 +88,11 @@ def test_the_keras_image_recipe_matches_real_petastorm(spark, tmp_path, images):
 
 
 def standard_recipe(x_train, y_train, x_val, y_val, batch_size=16, epochs=5, lr=0.003):
-    """The doc's PyTorch model and loop, fed the standard horovod.torch way (decoded images
+    """The doc's PyTorch model and loop, fed the standard Horovod way (decoded images
     in a TensorDataset, DistributedSampler): the reference accuracy."""
-    import horovod.torch as hvd
     import torch
+
+    import hvdrunner.hvd_torch as hvd
 
     hvd.init()
     torch.manual_seed(0)

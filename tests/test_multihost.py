@@ -112,8 +112,8 @@ def torch_job():
     """The torch stack's scenarios, in the harder name mode (hostnames resolve to loopback,
     where only the patched horovod works)."""
     _need_namespaces()
-    results, cluster = _run_job("loopback", "torch_recipe", "torch_recipe_engine", "torch_fit",
-                                "torch_restarts", "torch_min_np", "torch_concurrent")  # fmt: skip
+    results, cluster = _run_job("loopback", "torch_recipe", "torch_fit", "torch_restarts",
+                                "torch_min_np", "torch_concurrent")  # fmt: skip
     return "loopback", results, cluster
 
 
@@ -268,10 +268,10 @@ def test_the_cluster_leaves_nothing_behind_when_its_owner_is_stopped(sig):
 
 @pytest.mark.torch
 @pytest.mark.timeout(900)
-@pytest.mark.parametrize("scenario", ["torch_recipe", "torch_recipe_engine"])
-def test_standard_torch_recipe_keeps_four_ranks_on_two_hosts_in_sync(torch_job, scenario):
-    # on the compiled horovod, and on hvdrunner's engine (import hvdrunner.hvd_torch as hvd)
-    out = value(torch_job, scenario)
+def test_standard_torch_recipe_keeps_four_ranks_on_two_hosts_in_sync(torch_job):
+    # on hvdrunner's engine (import hvdrunner.hvd_torch as hvd): the torch stack has no
+    # compiled horovod; Horovod's own core crosses these hosts in the TensorFlow scenarios
+    out = value(torch_job, "torch_recipe")
     _, _, cluster = torch_job
     assert sorted(set(out["hosts"])) == sorted(cluster["hosts"])  # it did cross hosts
     weights = out["weights"]

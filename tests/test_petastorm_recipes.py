@@ -1,7 +1,7 @@
 """The petastorm recipes of docs/petastorm.md, run as written: real Spark, real Horovod ranks
 over gloo. On lts the Keras recipe also runs with real petastorm (only its import line
 swapped) and both reach the same accuracy; on torch the PyTorch recipe is compared with the
-standard horovod.torch recipe on the same rows in memory (no stack has torch and petastorm)."""
+standard Horovod PyTorch recipe on the same rows in memory (no stack has torch and petastorm)."""
 
 from __future__ import annotations
 
@@ -79,10 +79,11 @@ def test_the_keras_recipe_matches_real_petastorm_on_keras_2(spark, tmp_path):
 
 
 def standard_recipe(x_train, y_train, x_val, y_val, batch_size=32, epochs=6, lr=0.002):
-    """The same model and loop as the doc's PyTorch recipe, fed the standard horovod.torch
+    """The same model and loop as the doc's PyTorch recipe, fed the standard Horovod
     way (TensorDataset + DistributedSampler): the reference accuracy."""
-    import horovod.torch as hvd
     import torch
+
+    import hvdrunner.hvd_torch as hvd
 
     hvd.init()
     torch.manual_seed(0)
@@ -111,7 +112,7 @@ def test_the_torch_recipe_runs_with_one_changed_import_and_matches_the_standard_
     spark, tmp_path
 ):
     source = recipe("torch")
-    assert DROP_IN in source and "import horovod.torch as hvd" in source
+    assert DROP_IN in source and "import hvdrunner.hvd_torch as hvd" in source
     ours = run_recipe(source, spark, f"file://{tmp_path}/cache")
     (train, val), _ = digits(spark)
     reference = HorovodRunner(np=2).run(

@@ -83,7 +83,8 @@ assert init_shutdown_cycles({CYCLES}) == [3.0] * {CYCLES}
 """
 
 
-@pytest.mark.torch  # the torch stack's wheel; the gpu wheel carries the same patches
+@pytest.mark.torch
+@pytest.mark.stacks("gpu")  # horovod's own re-init (the engine's: tests/test_hvd_torch.py)
 @pytest.mark.timeout(300)
 @pytest.mark.parametrize("idle_wait", ["0", "20"], ids=["idle-wait-off", "idle-wait-20ms"])
 @pytest.mark.parametrize("launcher", ["HorovodRunner", "horovodrun"])

@@ -1,7 +1,9 @@
-"""Unchanged ``horovod.torch`` code under HorovodRunner (Spark barrier tasks and driver
-processes), its faults, and the torch stack's build facts: real ranks over gloo, the horovod
-hvdrunner builds for torch >= 2.1 (patches/horovod-0.28.1-torch-cxx17.patch). No GPU here:
-device pinning runs its CPU branch."""
+"""Horovod's PyTorch recipe under HorovodRunner (Spark barrier tasks and driver processes) and
+its faults, on both PyTorch engines: ``import hvdrunner.hvd_torch as hvd`` on the torch stack
+(no horovod installed there), the unchanged ``import horovod.torch as hvd`` on the gpu stack,
+the one that keeps a compiled horovod - with that build's facts (the horovod hvdrunner builds
+for torch >= 2.1: patches/horovod-0.28.1-torch-cxx17.patch, the idle-wait patch). Real ranks
+over gloo. No GPU here: device pinning runs its CPU branch."""
 
 from __future__ import annotations
 
@@ -18,14 +20,21 @@ from hvdrunner import HorovodRunner, HorovodRunnerError
 
 pytestmark = pytest.mark.torch
 ROOT = Path(__file__).resolve().parents[1]
+ENGINE = "hvdrunner.hvd_torch"  # the torch stack's: what `python -m hvdrunner migrate` writes
+#: The compiled horovod.torch, unchanged code: the gpu stack keeps it.
+COMPILED = pytest.param("horovod.torch", marks=pytest.mark.stacks("gpu"), id="compiled")
+BOTH = [pytest.param(ENGINE, id="engine"), COMPILED]
 
 
-def standard_recipe(
-    ckpt: str, batch: int, rows: np.ndarray, targets: np.ndarray, epochs: int, base_lr: float = 0.01
-):
-    """The horovod.torch recipe from Horovod's docs, as a user brings it: nothing hvdrunner."""
-    import horovod.torch as hvd
+def standard_recipe(ckpt: str, batch: int, rows: np.ndarray, targets: np.ndarray, epochs: int,
+                    base_lr: float = 0.01, engine: str = ENGINE):  # fmt: skip
+    """The recipe from Horovod's docs, as a user brings it (``import <engine> as hvd``):
+    nothing else of hvdrunner."""
+    import importlib
+
     import torch
+
+    hvd = importlib.import_module(engine)
 
     hvd.init()
     torch.set_num_threads(1)
@@ -61,13 +70,14 @@ def linear_data(n: int = 128, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
 
 @pytest.mark.timeout(180)
 @pytest.mark.parametrize("np_", [2, -2], ids=["spark-barrier", "driver-processes"])
-def test_the_standard_recipe_runs_unchanged_and_keeps_ranks_identical(spark, tmp_path, np_):
+@pytest.mark.parametrize("engine", BOTH)
+def test_the_standard_recipe_runs_and_keeps_ranks_identical(spark, tmp_path, np_, engine):
     import torch
 
     x, y = linear_data()
     ckpt = str(tmp_path / "model.pt")
     out = HorovodRunner(np=np_).run(standard_recipe, ckpt=ckpt, batch=16, rows=x, targets=y,
-                                    epochs=2)  # fmt: skip
+                                    epochs=2, engine=engine)  # fmt: skip
     rank0, rank1 = out["every_rank"]
     for a, b in zip(rank0, rank1, strict=True):
         np.testing.assert_array_equal(np.array(a), np.array(b))  # bit-identical on both ranks
@@ -75,8 +85,9 @@ def test_the_standard_recipe_runs_unchanged_and_keeps_ranks_identical(spark, tmp
     saved = torch.load(ckpt)  # rank 0's checkpoint holds those weights
     np.testing.assert_array_equal(saved["weight"].numpy(), np.array(rank0[0]))
     # HorovodRunner's default for the ranks of a horovod with the idle-wait patch (the
-    # builder test asserts this stack's has it): the recipe ran, unchanged, with it.
-    assert out["idle_wait_ms"] == "20"
+    # builder test asserts the gpu stack's has it): the recipe ran, unchanged, with it.
+    if engine == "horovod.torch":
+        assert out["idle_wait_ms"] == "20"
 
 
 @pytest.mark.timeout(240)
@@ -94,9 +105,12 @@ def test_the_recipe_on_two_ranks_of_batch_b_equals_one_rank_of_batch_2b(tmp_path
         np.testing.assert_allclose(np.array(a), np.array(b), atol=1e-5, rtol=0)
 
 
-def raise_in_backward_on_rank1() -> None:
-    import horovod.torch as hvd
+def raise_in_backward_on_rank1(engine: str) -> None:
+    import importlib
+
     import torch
+
+    hvd = importlib.import_module(engine)
 
     class Boom(torch.autograd.Function):
         @staticmethod
@@ -121,10 +135,11 @@ def raise_in_backward_on_rank1() -> None:
 
 
 @pytest.mark.timeout(120)
-def test_a_rank_raising_in_backward_ends_the_job_fast_naming_it(spark):
+@pytest.mark.parametrize("engine", BOTH)
+def test_a_rank_raising_in_backward_ends_the_job_fast_naming_it(spark, engine):
     start = time.monotonic()
     with pytest.raises(HorovodRunnerError) as info:
-        HorovodRunner(np=2).run(raise_in_backward_on_rank1)
+        HorovodRunner(np=2).run(raise_in_backward_on_rank1, engine=engine)
     elapsed = time.monotonic() - start
     err = info.value
     assert err.rank == 1 and err.exc_type == "FloatingPointError"
@@ -133,6 +148,7 @@ def test_a_rank_raising_in_backward_ends_the_job_fast_naming_it(spark):
     assert elapsed < 60, f"the job took {elapsed:.0f} s to fail"  # rank 0 was stuck in allreduce
 
 
+@pytest.mark.stacks("gpu")
 def test_doctor_reports_torch_and_horovods_torch_extension():
     proc = subprocess.run([sys.executable, "-m", "hvdrunner", "doctor"], capture_output=True,
                           text=True, timeout=300)  # fmt: skip
@@ -144,15 +160,17 @@ def test_doctor_reports_torch_and_horovods_torch_extension():
     assert f"[x] torch: {torch.__version__}" in proc.stdout
 
 
+@pytest.mark.stacks("gpu")
 def test_the_builder_keys_and_checks_the_torch_build(tmp_path):
     import torch
 
-    env = {**os.environ, "PYTHON": sys.executable, "HVDRUNNER_WHEEL_CACHE": str(tmp_path)}
+    env = {**os.environ, "PYTHON": sys.executable, "HVDRUNNER_WHEEL_CACHE": str(tmp_path),
+           "HVDRUNNER_HOROVOD_GPU": "nccl"}  # fmt: skip
     builder = ROOT / "scripts" / "install_horovod.sh"
     key = subprocess.run(["bash", str(builder), "--print-key"], capture_output=True, text=True,
                          env=env, timeout=120, check=True).stdout.strip()  # fmt: skip
     py = f"py{sys.version_info[0]}{sys.version_info[1]}"
-    assert key.startswith(f"horovod-0.28.1-torch{torch.__version__.replace('+', '')}-{py}-cpu-")
+    assert key.startswith(f"horovod-0.28.1-torch{torch.__version__.replace('+', '')}-{py}-cuda")
     assert "-torchcxx17-" in key and "-tf" not in key  # the torch patch is in the key
     assert "-idlewait-" in key  # and the idle-wait patch (torch builds)
     check = subprocess.run(["bash", str(builder)], capture_output=True, text=True, env=env,
@@ -190,6 +208,7 @@ def idle_then_collectives(idle_s: float) -> dict:
 
 
 @pytest.mark.timeout(120)
+@pytest.mark.stacks("gpu")
 def test_collectives_pair_up_across_idle_ranks_with_the_idle_wait_patch(monkeypatch):
     # patches/horovod-0.28.1-idle-wait.patch: an idle rank's background loop waits for an
     # enqueue (up to N ms) instead of a round per 1 ms cycle; a group's round starts at
@@ -238,14 +257,15 @@ def test_the_docs_pieces_example_runs_as_written(spark, tmp_path):
     assert set(logs) == {"loss"} and 0 < logs["loss"] < 0.7  # ln 2 = 0.69 at the start
 
 
-def neutral_helpers_job(path: str) -> dict:
+def neutral_helpers_job(path: str, engine: str) -> dict:
     """Every framework-neutral helper of hvdrunner (its top level and hvdrunner.distributed)
-    under horovod.torch: rank facts, rank-0-only work, rank 0 first, logging to the driver,
-    shutdown - and which TensorFlow modules that imported."""
+    under ``import <engine> as hvd``: rank facts, rank-0-only work, rank 0 first, logging to
+    the driver, shutdown - and which TensorFlow modules that imported."""
+    import importlib
     import sys
     import time
 
-    import horovod.torch as hvd
+    hvd = importlib.import_module(engine)
 
     from hvdrunner import distributed, is_rank0, log_to_driver, on_rank0, rank0_first
 
@@ -264,11 +284,13 @@ def neutral_helpers_job(path: str) -> dict:
             "tf": sorted(m for m in ("tensorflow", "horovod.tensorflow") if m in sys.modules)}  # fmt: skip
 
 
-@pytest.mark.stacks("torch", "gpu")
 @pytest.mark.timeout(120)
-def test_every_framework_neutral_helper_works_in_a_torch_job_without_tensorflow(spark, tmp_path):
+@pytest.mark.parametrize("engine", BOTH)
+def test_every_framework_neutral_helper_works_in_a_torch_job_without_tensorflow(
+    spark, tmp_path, engine
+):
     order = tmp_path / "order"
-    out = HorovodRunner(np=2).run(neutral_helpers_job, path=str(order))
+    out = HorovodRunner(np=2).run(neutral_helpers_job, path=str(order), engine=engine)
     assert order.read_text().split() == ["0", "1"]  # rank0_first
     assert out["only_rank0"] == 0 and out["initialized_after"] is False  # on_rank0, shutdown
     assert out["tf"] == []  # a torch job on a runtime without TensorFlow works

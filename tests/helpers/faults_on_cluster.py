@@ -280,9 +280,9 @@ def summed(value: float, die_once: bool, hold_s: float) -> dict[str, Any]:
     of attempt 1 is SIGKILLed first when ``die_once``."""
     import socket
 
-    import horovod.torch as hvd
     import torch
 
+    import hvdrunner.hvd_torch as hvd
     from hvdrunner.distributed import attempt
 
     hvd.init()

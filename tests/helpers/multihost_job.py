@@ -13,10 +13,10 @@ scenario on 2 hosts x 2 ranks and prints one ``RESULT <scenario> <json>`` line p
 - ``hidden_cache``: prepared data that one host cannot see (its view of the dir is empty).
 - ``host_lost``: a whole host killed mid-training, then the same job on the healed cluster.
 - ``link_cut``: the same with the host's link cut (``ip link set ... down``) and restored.
-- ``torch_recipe``, ``torch_recipe_engine``, ``torch_fit``, ``torch_restarts``,
-  ``torch_min_np``, ``torch_concurrent`` (torch stack; not in the default list): the
-  standard ``horovod.torch`` recipe on 4 ranks, and on ``hvdrunner.hvd_torch`` (the engine,
-  which ``hvdrunner.torch.fit`` below runs on too);
+- ``torch_recipe``, ``torch_fit``, ``torch_restarts``, ``torch_min_np``,
+  ``torch_concurrent`` (torch stack, which has no compiled horovod; not in the default
+  list): the standard Horovod PyTorch recipe on 4 ranks with ``import hvdrunner.hvd_torch
+  as hvd`` (the engine, which ``hvdrunner.torch.fit`` below runs on too);
   ``hvdrunner.torch.fit`` on 4 ranks (batch b) against 1 rank (batch 4b); fit with
   ``max_restarts=2`` through a SIGKILLed rank and a killed host; fit going on with the 2
   ranks left after a host is lost for good (``min_np=2``); two jobs of 2 ranks at once, one
@@ -127,7 +127,7 @@ def fit_and_weights(**kwargs: Any) -> list[Any]:
     return grabbed["w"]
 
 
-def torch_recipe(engine: str = "horovod.torch") -> dict[str, Any]:
+def torch_recipe(engine: str = "hvdrunner.hvd_torch") -> dict[str, Any]:
     """The standard Horovod PyTorch recipe, unchanged but for ``import <engine> as hvd``:
     each rank its own data and init."""
     import importlib
@@ -237,12 +237,6 @@ class Job:
         from hvdrunner import HorovodRunner
 
         return HorovodRunner(np=4, start_timeout=120).run(torch_recipe)
-
-    def torch_recipe_engine(self) -> Any:
-        from hvdrunner import HorovodRunner
-
-        return HorovodRunner(np=4, start_timeout=120).run(torch_recipe,
-                                                          engine="hvdrunner.hvd_torch")  # fmt: skip
 
     def torch_fit(self) -> Any:
         from hvdrunner import HorovodRunner

@@ -1,11 +1,11 @@
-"""One fixed job, printed as JSON, for comparing two horovod builds (tests/test_gpu_wheel.py runs
-it under the gpu stack's CUDA + NCCL wheel and the torch stack's CPU wheel): on 2 ranks of a
-local[2] Spark session, an allreduce of seeded tensors (sum and average), five steps of the
-unchanged horovod.torch recipe, ``hvdrunner.torch.fit`` and ``hvdrunner.keras.fit`` on
-Keras 3's PyTorch backend (``KERAS_BACKEND=torch``) for two epochs each - all on CPU tensors,
-the paths a GPU wheel also takes for CPU data.
+"""One fixed job, printed as JSON, for comparing two PyTorch engines (tests/test_gpu_wheel.py
+runs it on the gpu stack under its CUDA + NCCL horovod wheel and under hvdrunner's engine):
+on 2 ranks of a local[2] Spark session, an allreduce of seeded tensors (sum and average),
+five steps of Horovod's PyTorch recipe, ``hvdrunner.torch.fit`` and ``hvdrunner.keras.fit``
+on Keras 3's PyTorch backend (``KERAS_BACKEND=torch``) for two epochs each - all on CPU
+tensors, the paths a GPU wheel also takes for CPU data.
 
-    python tests/helpers/wheel_parity.py CACHE_DIR
+    python tests/helpers/wheel_parity.py CACHE_DIR ENGINE    # ENGINE: horovod or hvdrunner
 """
 
 from __future__ import annotations
@@ -28,9 +28,11 @@ def _model() -> Any:
 
 
 def collectives_and_recipe() -> dict[str, Any]:
-    import horovod.torch as hvd
     import torch
 
+    from hvdrunner.torch.collectives import engine_module
+
+    hvd = engine_module()  # horovod.torch or hvdrunner.engine, as HVDRUNNER_TORCH_ENGINE says
     hvd.init()
     gen = torch.Generator().manual_seed(100 + hvd.rank())
     x = torch.randn(1000, generator=gen, dtype=torch.float64)
@@ -80,16 +82,15 @@ def keras_fit_job(data: Any) -> Any:
     return None if result is None else result.history["loss"]
 
 
-def main(cache: str) -> None:
+def main(cache: str, engine: str) -> None:
     import pandas as pd
 
     from hvdrunner import HorovodRunner
     from hvdrunner.data import prepare
     from hvdrunner.spark import local_session
 
-    # fit and Keras on PyTorch run on the horovod build under comparison, not on hvdrunner's
-    # engine (HorovodRunner passes the setting to the ranks)
-    os.environ["HVDRUNNER_TORCH_ENGINE"] = "horovod"
+    # every job below runs on the engine under comparison (HorovodRunner passes the setting)
+    os.environ["HVDRUNNER_TORCH_ENGINE"] = engine
     spark = local_session("local[2]", app_name="wheel-parity")
     rng = np.random.default_rng(0)
     x = rng.normal(size=(256, 4)).astype("float32")
@@ -104,4 +105,4 @@ def main(cache: str) -> None:
 
 
 if __name__ == "__main__":
-    main(sys.argv[1])
+    main(sys.argv[1], sys.argv[2])
