@@ -191,6 +191,26 @@ def test_job_state_one_handler_per_message():
     assert t.lost and str(other.failure) == "lost host" and other.failing
 
 
+def test_a_rank_that_only_saw_its_peer_go_is_not_named_the_cause():
+    """Rank 1 is killed; rank 0's collective fails at once and its report may arrive first.
+    The verdict names the killed rank, and keeps a real error over a later consequence."""
+    from hvdrunner._launch.job import JobState
+
+    gone = protocol.ErrorReport("HorovodInternalError", "hvdrunner.errors",
+                                "gradient allreduce failed: Connection closed by peer", "")  # fmt: skip
+    real = protocol.ErrorReport("ValueError", "builtins", "bad batch", "")
+    for first, second, cause in (
+        (protocol.ExitReport(0, 1, "exit code 1", gone), protocol.ExitReport(1, -9, "SIGKILL"), 1),
+        (protocol.ExitReport(1, 1, "exit code 1", real), protocol.ExitReport(0, 1, "exit code 1", gone), 1),
+        (protocol.ExitReport(0, 1, "exit code 1", gone), protocol.ExitReport(1, 1, "exit code 1", gone), 0),
+    ):  # fmt: skip
+        job = JobState(2, lambda _: None, lambda: HorovodRunnerError("lost"))
+        a, b = _FakeTask(), _FakeTask()
+        job.handle(a, first)
+        job.handle(b, second)
+        assert job.failed_report is not None and job.failed_report.rank == cause, (first, second)
+
+
 def test_tensorflow_cuda_probing_lines_are_noise_only_without_a_gpu():
     from hvdrunner._noise import CHATTER, CPU_NOISE, noisy
 

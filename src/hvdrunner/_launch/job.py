@@ -101,8 +101,15 @@ class JobState:
     def on_exit(self, task: Task, msg: ExitReport) -> None:
         task.exited = True
         self.exits[msg.rank] = msg
-        if msg.failed:
-            self.failed_report = msg  # the error is built once every rank exited
+        # The error is built once every rank exited, from the cause: a rank that only saw a
+        # peer go away (a failed collective) gives way to one that failed on its own, which
+        # it may report first (a killed peer's socket closes before its exit is known).
+        if msg.failed and (
+            self.failed_report is None
+            or verdict.failed_in_a_collective(self.failed_report)
+            and not verdict.failed_in_a_collective(msg)
+        ):
+            self.failed_report = msg
         elif msg.rank == 0:
             self.rank0_done = time.monotonic()
 

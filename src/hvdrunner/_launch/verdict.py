@@ -114,7 +114,7 @@ def rank_failure(
     # cause of their failure, not the rank that reported it -- but only when that failure
     # is a failed collective: rank 0 failing in its own rank-0-only work at the end (an
     # unpicklable return value, MLflow logging) after the others returned is its own cause.
-    cause = _early_exit(report, exits) if _failed_in_a_collective(report) else ""
+    cause = _early_exit(report, exits) if failed_in_a_collective(report) else ""
     err = report.error
     if err is not None:
         exc_type, message, trace = scrub(err.type), scrub(err.message), scrub(err.traceback)
@@ -164,7 +164,8 @@ _COLLECTIVE_SIGNS = ("Horovod has been shut down", "HorovodInternalError", "gloo
                      "Connection closed by peer", "Connection reset by peer")  # fmt: skip
 
 
-def _failed_in_a_collective(report: ExitReport) -> bool:
+def failed_in_a_collective(report: ExitReport) -> bool:
+    """Whether the rank failed because a collective failed under it (a peer went away)."""
     err = report.error
     said = [err.type, err.message] if err is not None else []
     text = " ".join([*said, *report.tail[-20:]])

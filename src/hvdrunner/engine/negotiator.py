@@ -104,6 +104,9 @@ class Negotiator:
         self.broken: BaseException | None = None
         self._round = 0
         self._waiting = 0  # callers blocked on this set's requests
+        self._stalled = 0  # callers blocked on the gradient lane (engine.lane) a while
+        self.deadlocks = 0  # deadlocks declared so far, and the last one's message
+        self.deadlock_error = ""
         self._declare = False
         self._stuck_since: float | None = None
         self._cycle_s = float(os.environ.get(CYCLE_ENV, CYCLE_MS)) / 1000.0
@@ -175,7 +178,7 @@ class Negotiator:
     def _needed_elsewhere(self) -> bool:
         """Whether a pending request waits on another rank (which must find this one in a
         round), as opposed to waiting on this rank's own caller."""
-        if self._join_handle is not None:
+        if self._join_handle is not None or self._stalled:
             return True
         active = [r for r in self.ranks if r not in self._joined]
         for entry in self._table.values():
@@ -287,6 +290,8 @@ class Negotiator:
         self._table.clear()
         with self._lock:
             mine, self._mine = list(self._mine.values()), {}
+            self.deadlock_error = str(error)
+            self.deadlocks += 1
         for request in mine:
             request.handle.fail(error)
 
@@ -301,6 +306,22 @@ class Negotiator:
         finally:
             with self._lock:
                 self._waiting -= 1
+
+    @contextlib.contextmanager
+    def stalled(self) -> Iterator[None]:
+        """Around a caller blocked a while on the gradient lane (engine.lane), which has no
+        request here: this rank takes part in rounds and counts as waiting, so the deadlock
+        watch sees it (a peer blocked on a collective this rank never makes)."""
+        with self._lock:
+            self._waiting += 1
+            self._stalled += 1
+            self._lock.notify_all()
+        try:
+            yield
+        finally:
+            with self._lock:
+                self._waiting -= 1
+                self._stalled -= 1
 
     def _run_ready(self) -> bool:
         joined = frozenset(self._joined)

@@ -313,10 +313,21 @@ def join(device: int = -1) -> int:
     rank joined. Returns the rank that joined last (the same on every rank)."""
     handle = Handle("join")
     state.negotiator_of(0).join(handle)
+    lane = state.current().lane
+    on_lane = lane is not None and lane.layout is not None
     try:
+        if lane is not None and on_lane:
+            joined_at = lane.steps
+            lane.serve_joined()  # the others' optimizer steps on the lane get zeros too
         last = int(handle.wait())
     except RuntimeError as exc:
         raise HorovodInternalError(str(exc)) from exc
+    if on_lane:
+        # Steps on the lane pass no negotiation round, so the rounds cannot tell who
+        # joined last; the lane's step count at each rank's join() can.
+        at = synchronize(allgather_async(torch.tensor([joined_at]), name="hvdrunner.join.steps"))
+        latest = [r for r, n in enumerate(at.tolist()) if n == int(at.max())]
+        last = last if last in latest else latest[-1]
     # Ranks made different numbers of unnamed requests while some had joined: number the
     # next ones afresh on every rank, so they match again.
     state.current().counters.clear()

@@ -5,6 +5,8 @@ and ``state_dict`` unchanged), with a hook on every trainable parameter: once it
 accumulated ``backward_passes_per_step`` times, its allreduce is requested (or its group's,
 once the whole group is ready); ``step()`` waits for them first. The engine fuses requests
 that are ready in the same round into one buffer, so per-parameter requests travel together.
+Once every rank's optimizer agreed on its buckets (at the end of the first step), the buckets
+take the gradient lane (engine.lane): no negotiation round per step, the same results.
 
 Example:
     >>> from hvdrunner.engine import state
@@ -30,8 +32,17 @@ import torch
 
 from hvdrunner.engine import ops, state
 from hvdrunner.engine.compression import Compression, Compressor
-from hvdrunner.engine.ops import ADASUM, ADASUM_REFUSED, AVERAGE, synchronize
+from hvdrunner.engine.grouping import AUTO, buckets, check_groups, parameter_names
+from hvdrunner.engine.lane import OPS, Lane, Step, layout_of
+from hvdrunner.engine.ops import ADASUM, ADASUM_REFUSED, AVERAGE, SUM, synchronize
 from hvdrunner.engine.process_sets import ProcessSet, global_process_set
+
+#: The negotiated allreduce by which the ranks' optimizers agree to take the gradient lane.
+LANE_OFFER = "hvdrunner.gradient_lane"
+SPARSE_ON_LANE = (
+    "a sparse gradient appeared after the ranks' optimizers agreed on dense buckets for the "
+    "gradient lane; pass sparse_as_dense=True or set HVDRUNNER_GRADIENT_LANE=0"
+)
 
 
 class _Distributed(torch.optim.Optimizer):
@@ -43,7 +54,7 @@ class _Distributed(torch.optim.Optimizer):
                    passes: int, op: int, predivide: float, groups: Any, sparse_as_dense: bool,
                    process_set: ProcessSet) -> None:  # fmt: skip
         self._compression = compression
-        self._parameter_names = _parameter_names(self.param_groups, named)
+        self._parameter_names = parameter_names(self.param_groups, named)
         self.backward_passes_per_step = passes
         self.op, self.gradient_predivide_factor = op, predivide
         self.sparse_as_dense, self.process_set = sparse_as_dense, process_set
@@ -57,9 +68,14 @@ class _Distributed(torch.optim.Optimizer):
         # roughly the order backward finishes them), each one grouped request as soon as its
         # gradients exist, instead of one request per tensor. Results are the same (sums are
         # elementwise); the exchange needs fewer rounds.
-        self._groups = AUTO if groups is None else _check_groups(groups)
+        self._groups = AUTO if groups is None else check_groups(groups)
         self._p_to_group: dict[torch.Tensor, tuple[torch.Tensor, ...]] = {}
-        self._group_counts: dict[tuple[torch.Tensor, ...], int] = {}
+        self._group_counts: dict[tuple[torch.Tensor, ...], int] = {}  # in bucket order
+        self._lane: Lane | None = None  # the gradient lane, once the ranks agreed on it
+        self._lane_step: Step | None = None
+        self._lane_ctx: dict[int, list[Any]] = {}
+        self._bucket_index: dict[tuple[torch.Tensor, ...], int] = {}
+        self._lane_offer = process_set.process_set_id == 0  # until the ranks answered
         if process_set.included() and (
             state.size() > 1 or os.environ.get("HOROVOD_ELASTIC") == "1"
         ):
@@ -102,6 +118,7 @@ class _Distributed(torch.optim.Optimizer):
             for p in group:
                 self._p_to_group[p] = group
             self._group_counts[group] = 0
+        self._bucket_index = {group: i for i, group in enumerate(self._group_counts)}
 
     def _make_hook(self, p: torch.Tensor) -> Any:
         def hook(*_: Any) -> None:
@@ -152,6 +169,10 @@ class _Distributed(torch.optim.Optimizer):
         for p in group:
             if p.grad is None:
                 p.grad = torch.zeros_like(p)
+        if self._on_lane():
+            self._lane_post(group)
+            self._group_counts[group] = -1
+            return
         dense = tuple(p for p in group if p.grad is None or not p.grad.is_sparse)
         if dense:
             self._handles[dense] = self._grouped_async(dense)
@@ -165,9 +186,80 @@ class _Distributed(torch.optim.Optimizer):
                                               process_set=self.process_set)  # fmt: skip
         return handle, ctxs
 
+    # -- the gradient lane (engine.lane) ---------------------------------------------------
+    def _on_lane(self) -> bool:
+        lane = self._lane
+        if lane is not None and lane is not state.current().lane:  # a new init(): ask again
+            self._lane, self._lane_step, self._lane_offer = None, None, True
+            return False
+        return lane is not None
+
+    def _lane_post(self, group: tuple[torch.Tensor, ...]) -> None:
+        assert self._lane is not None
+        if self._lane_step is None:
+            self._lane_step = self._lane.start()
+        sent, ctxs = [], []
+        for p in group:
+            if p.grad is None or p.grad.is_sparse:
+                raise RuntimeError(SPARSE_ON_LANE)
+            t, ctx = self._compression.compress(p.grad)
+            sent.append(t)
+            ctxs.append(ctx)
+        index = self._bucket_index[group]
+        self._lane_ctx[index] = ctxs
+        self._lane_step.ready(index, sent)
+
+    def _lane_synchronize(self) -> None:
+        try:
+            for group, count in list(self._group_counts.items()):
+                if count != -1:  # backward did not complete it here: it goes now
+                    self._submit_group(group)
+            step, self._lane_step = self._lane_step, None
+            assert step is not None
+            results = step.finish()
+        finally:
+            self._lane_step = None
+            self._handles.clear()  # the passes' placeholders (backward_passes_per_step > 1)
+            for group in self._group_counts:
+                self._group_counts[group] = 0
+        for index, (group, outs) in enumerate(zip(self._group_counts, results, strict=True)):
+            for p, out, ctx in zip(group, outs, self._lane_ctx[index], strict=True):
+                self._delay[p] = self.backward_passes_per_step
+                grad = p.grad
+                assert grad is not None  # posted: it exists
+                grad.set_(self._compression.decompress(out, ctx))
+
+    def _offer_lane(self) -> None:
+        """After a negotiated step: ask the ranks, once, to take the lane from the next
+        step. A rank that cannot sends ``[1, 0]`` (everyone stays negotiated for good); a
+        joined rank's zeros defer the answer to the next step."""
+        lane = state.current().lane
+        if lane is None or not lane.claim(self):
+            self._lane_offer = False
+            return
+        layout = None
+        if self.op in OPS and self._groups is not None:
+            layout = layout_of(
+                list(self._group_counts), self._compression, self.op, *self._scales()
+            )
+        fp = layout.fingerprint() if layout is not None else 0
+        got = synchronize(ops.allreduce_async(torch.tensor([1, fp], dtype=torch.int64), op=SUM,
+                                              name=LANE_OFFER, process_set=self.process_set))  # fmt: skip
+        ranks, fingerprints = int(got[0]), int(got[1])
+        if ranks < lane.size:
+            return
+        self._lane_offer = False
+        if layout is not None and fingerprints == ranks * fp:
+            lane.accept(layout)
+            self._lane = lane
+
     def synchronize(self) -> None:
         """Wait for every gradient's allreduce (requesting those backward did not reach)."""
         if not self.process_set.included():
+            self._synchronized = True
+            return
+        if self._on_lane():
+            self._lane_synchronize()
             self._synchronized = True
             return
         for key, (handle, _ctx) in list(self._handles.items()):
@@ -204,6 +296,8 @@ class _Distributed(torch.optim.Optimizer):
             self._group_counts[group] = 0
         self._handles.clear()
         self._synchronized = True
+        if self._lane_offer and self._groups is not None:
+            self._offer_lane()
 
     @contextlib.contextmanager
     def skip_synchronize(self) -> Iterator[None]:
@@ -232,7 +326,7 @@ class _Distributed(torch.optim.Optimizer):
         return self._base().step(closure)
 
     def zero_grad(self, set_to_none: bool = True) -> None:
-        if self._handles:
+        if self._handles or self._lane_step is not None:
             raise AssertionError(
                 "optimizer.zero_grad() was called after loss.backward() but before "
                 "optimizer.step() or optimizer.synchronize(). This is prohibited as it can "
@@ -241,6 +335,8 @@ class _Distributed(torch.optim.Optimizer):
         return self._base().zero_grad(set_to_none)
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        if self._lane_step is not None:  # posted buckets: the peers wait for the rest
+            self._lane_synchronize()
         self._handles = {}
         self._synchronized = False
         self._should_synchronize = True
@@ -252,72 +348,6 @@ class _Distributed(torch.optim.Optimizer):
         self.backward_passes_per_step = passes
         for p in self._delay:
             self._delay[p] = passes
-
-
-#: ``groups=None``: the optimizer forms DDP-like buckets itself.
-AUTO: Any = object()
-#: A bucket's size (DDP's default), or one parameter alone when larger.
-BUCKET_BYTES = 25 * 2**20
-
-
-def buckets(params: list[torch.Tensor], cap: int = BUCKET_BYTES) -> list[tuple[torch.Tensor, ...]]:
-    """``params`` (in definition order) as groups of at most ``cap`` bytes, last ones first.
-
-    Example:
-        >>> [len(b) for b in buckets(list(torch.nn.Linear(4, 2).parameters()))]
-        [2]
-    """
-    out: list[list[torch.Tensor]] = [[]]
-    size = 0
-    for p in reversed(params):
-        nbytes = p.numel() * p.element_size()
-        if out[-1] and size + nbytes > cap:
-            out.append([])
-            size = 0
-        out[-1].append(p)
-        size += nbytes
-    return [tuple(b) for b in out if b]
-
-
-def _parameter_names(param_groups: list[dict[str, Any]],
-                     named: list[tuple[str, torch.Tensor]] | None) -> dict[torch.Tensor, str]:  # fmt: skip
-    if named is None:
-        return {p: f"allreduce.noname.{i}.{j}" for i, g in enumerate(param_groups)
-                for j, p in enumerate(g["params"])}  # fmt: skip
-    if any(not isinstance(item, tuple) for item in named):
-        raise ValueError("named_parameters should be a sequence of tuples (name, parameter), "
-                         "usually produced by model.named_parameters().")  # fmt: skip
-    names = [k for k, _ in named]
-    dups = sorted({k for k in names if names.count(k) > 1})
-    if dups:
-        raise ValueError("Parameter names in named_parameters must be unique. Found duplicates: "
-                         + ", ".join(dups))  # fmt: skip
-    known = {id(v) for _, v in named}
-    unnamed = [id(p) for g in param_groups for p in g["params"] if id(p) not in known]
-    if unnamed:
-        raise ValueError("named_parameters was specified, but one or more model parameters were "
-                         "not named. Python object ids: " + ", ".join(map(str, unnamed)))  # fmt: skip
-    return {v: k for k, v in sorted(named, key=lambda kv: kv[0])}
-
-
-def _check_groups(groups: Any) -> Any:
-    if groups is None:
-        return None
-    if isinstance(groups, list):
-        seen: set[int] = set()
-        for group in groups:
-            for p in group:
-                if not isinstance(p, torch.Tensor):
-                    raise ValueError("groups must consist of torch.Tensor.")
-                if id(p) in seen:
-                    raise ValueError("A parameter can only appear once in groups.")
-                seen.add(id(p))
-        return groups
-    if isinstance(groups, bool) or not isinstance(groups, int) or groups <= 0:
-        raise ValueError(
-            "groups should be a non-negative integer or a list of list of torch.Tensor."
-        )
-    return groups
 
 
 def DistributedOptimizer(  # noqa: N802 - Horovod's name

@@ -22,6 +22,7 @@ from typing import Any
 import torch.distributed as dist
 
 from hvdrunner.engine import execute, negotiator, timeline, world
+from hvdrunner.engine import lane as gradient_lane
 from hvdrunner.engine import process_sets as set_registry
 from hvdrunner.engine.process_sets import ProcessSet, global_process_set
 from hvdrunner.engine.requests import Request
@@ -49,6 +50,7 @@ class Engine:
     sets: dict[int, ProcessSetState] = field(default_factory=dict)
     next_set_id: int = 1
     counters: dict[str, itertools.count[int]] = field(default_factory=dict)
+    lane: gradient_lane.Lane | None = None  # the gradient lane (engine.lane), when on
 
     def open_set(self, ps_id: int, ranks: tuple[int, ...], data: Any, control: Any) -> None:
         """Register a set: its negotiator runs on this rank when the rank belongs to it."""
@@ -88,9 +90,12 @@ def init(comm: Any = None, process_sets: Sequence[ProcessSet] | None = None) -> 
         if _engine is not None:
             return
         env = world.World.from_environment()
-        groups, topology = world.join_world(env)
+        groups, topology = world.join_world(env, lane=gradient_lane.enabled())
         engine = Engine(topology, groups)
         engine.open_set(0, tuple(range(topology.size)), groups.data, groups.control)
+        found = engine.sets[0].negotiator
+        if groups.lane is not None and found is not None:
+            engine.lane = gradient_lane.Lane(groups.lane, topology.size, found)
         _engine = engine
         set_registry.bind(topology.rank)
         global_process_set.ranks = list(range(topology.size))

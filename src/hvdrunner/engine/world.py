@@ -174,16 +174,18 @@ def data_timeout() -> datetime.timedelta:
 @dataclass
 class Groups:
     """The process groups of one ``init()``: ``data`` carries tensors, ``control`` the
-    negotiation rounds; ``owns_default`` when this init created torch's default group."""
+    negotiation rounds, ``lane`` the gradient lane's buckets (engine.lane; ``None`` when off
+    or alone); ``owns_default`` when this init created torch's default group."""
 
     data: dist.ProcessGroup
     control: dist.ProcessGroup
     owns_default: bool
+    lane: dist.ProcessGroup | None = None
 
 
-def join_world(world: World) -> tuple[Groups, Topology]:
+def join_world(world: World, lane: bool = True) -> tuple[Groups, Topology]:
     """Meet the other ranks: torch's default group (unless one exists), the engine's own
-    groups, and every rank's host name for the topology."""
+    groups (the gradient lane's when ``lane``), and every rank's host name for the topology."""
     owns = False
     if not dist.is_initialized():
         store = STORES.next(world)
@@ -201,9 +203,16 @@ def join_world(world: World) -> tuple[Groups, Topology]:
     ranks = list(range(world.size))
     data = dist.new_group(ranks, timeout=data_timeout(), backend=data_backend())
     control = dist.new_group(ranks, timeout=ROUND_TIMEOUT, backend="gloo")
+    lane_group = None
+    if lane and world.size > 1:
+        # A bucket waits on its peers' backward, which may take as long as a round does
+        # (NCCL keeps the data timeout: its watchdog is what notices a hung peer there).
+        backend = data_backend()
+        timeout = ROUND_TIMEOUT if backend == "gloo" else data_timeout()
+        lane_group = dist.new_group(ranks, timeout=timeout, backend=backend)
     hosts: list[str] = [""] * world.size
     dist.all_gather_object(hosts, _host_name(), group=control)
-    return Groups(data, control, owns), topology_from_hosts(world, hosts)
+    return Groups(data, control, owns, lane_group), topology_from_hosts(world, hosts)
 
 
 def _host_name() -> str:
@@ -218,7 +227,9 @@ def _host_name() -> str:
 
 def leave_world(groups: Groups) -> None:
     """Destroy this init's groups (and torch's default group when this init made it)."""
-    for group in (groups.data, groups.control):
+    for group in (groups.data, groups.control, groups.lane):
+        if group is None:
+            continue
         try:
             dist.destroy_process_group(group)
         except (RuntimeError, ValueError):  # already gone with a failed peer

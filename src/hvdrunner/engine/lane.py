@@ -1,0 +1,266 @@
+"""The gradient lane: a ``DistributedOptimizer``'s buckets allreduced as backward makes
+them, with no negotiation round per step.
+
+On the negotiated path every bucket waits for one round of the negotiator (an allgather on
+the control group) between its last gradient and its allreduce; DDP has no such round. Once
+every rank's optimizer agreed on its buckets (one negotiated allreduce of the layout's
+fingerprint, engine.optimizer), the buckets of each step go straight to a process group of
+their own, in bucket order, each as one flat buffer, while backward goes on. Bucket 0
+carries a two-element header at its end, ``[1, fingerprint]`` from a rank that steps and
+``[0, 0]`` from a rank that joined: every rank reads from the sum how many ranks stepped
+(a joined rank serves zeros until none does, as ``hvd.join()`` promises) and that they all
+sent the same layout (else every rank raises). The header's values are small integers, exact
+in the buffer's float type.
+
+The arithmetic is the negotiated path's (engine.execute: pre-scale, one sum, ``post / size``
+for ``Average``), so results are the same bit for bit. One optimizer per ``init()`` owns the
+lane (the first one that asks; others stay negotiated); ``HVDRUNNER_GRADIENT_LANE=0`` turns
+it off. A rank that waits on the lane longer than ``STALL_S`` tells its negotiator, so the
+deadlock watch still names ranks that wait on different collectives.
+
+Example:
+    >>> Layout(((torch.Size([2]),),), torch.float32, "cpu", 1, 1.0, 1.0).fingerprint() > 0
+    True
+"""
+
+from __future__ import annotations
+
+import datetime
+import os
+import zlib
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from hvdrunner.engine import execute
+from hvdrunner.engine.negotiator import Negotiator
+from hvdrunner.engine.requests import AVERAGE, SUM
+from hvdrunner.errors import HorovodInternalError
+
+LANE_ENV = "HVDRUNNER_GRADIENT_LANE"
+#: Float types whose sums of the header's small integers are exact (float16 is not).
+DTYPES = (torch.float32, torch.float64)
+#: Ops the lane runs (a sum underneath); others stay negotiated.
+OPS = (AVERAGE, SUM)
+#: How long a lane wait lasts before the negotiator hears of it (the deadlock watch).
+STALL_S = 1.0
+_SLICE_S = 0.05
+#: Fingerprints stay below this, so that ``size * fingerprint`` is exact in float32.
+_FP_RANGE = 2**11
+
+
+def enabled() -> bool:
+    """Whether the lane may be used (``HVDRUNNER_GRADIENT_LANE=0`` turns it off)."""
+    return os.environ.get(LANE_ENV, "1").strip() != "0"
+
+
+@dataclass(frozen=True)
+class Layout:
+    """An optimizer's buckets as the wire sees them: every rank's must be the same."""
+
+    shapes: tuple[tuple[torch.Size, ...], ...]  # per bucket, per gradient
+    dtype: torch.dtype
+    device: str
+    op: int
+    pre: float
+    post: float
+
+    def fingerprint(self) -> int:
+        """A small positive number that differs, almost surely, between layouts."""
+        return 1 + zlib.crc32(repr(self).encode()) % (_FP_RANGE - 1)
+
+    def numels(self, index: int) -> list[int]:
+        return [int(s.numel()) for s in self.shapes[index]]
+
+
+def layout_of(groups: Sequence[Sequence[torch.Tensor]], compression: Any, op: int, pre: float,
+              post: float) -> Layout | None:  # fmt: skip
+    """The buckets ``groups`` (parameters whose gradients exist) as the lane would send them;
+    ``None`` when it cannot carry them: sparse, mixed or float16 gradients (after
+    ``compression``), mixed devices.
+    """
+    shapes, kinds = [], set()
+    for group in groups:
+        for p in group:
+            if p.grad is None or p.grad.is_sparse:
+                return None
+            kinds.add((compression.compress(p.grad)[0].dtype, p.grad.device.type))
+        shapes.append(tuple(p.shape for p in group))
+    if len(kinds) != 1:
+        return None
+    ((dtype, device),) = kinds
+    if dtype not in DTYPES or op not in OPS:
+        return None
+    return Layout(tuple(shapes), dtype, device, op, pre, post)
+
+
+class Lane:
+    """The lane of one ``init()``: its process group, its owner and whether it is on."""
+
+    def __init__(self, group: Any, size: int, negotiator: Negotiator) -> None:
+        self.group, self.size = group, size
+        self._negotiator = negotiator
+        self.owner: object | None = None
+        self.layout: Layout | None = None
+        self.broken: str | None = None
+        self.steps = 0  # steps of the owner's on the lane, served ones included (join())
+
+    def claim(self, owner: object) -> bool:
+        """Whether ``owner`` may use the lane (the first to ask owns it)."""
+        if self.owner is None:
+            self.owner = owner
+        return self.owner is owner
+
+    def accept(self, layout: Layout) -> None:
+        """Every rank agreed on ``layout``: the owner's next steps take the lane."""
+        self.layout = layout
+
+    def active(self, owner: object) -> bool:
+        return self.owner is owner and self.layout is not None
+
+    def start(self) -> Step:
+        """A step of the owner's buckets (its gradients posted as they are ready)."""
+        if self.broken is not None:
+            raise RuntimeError(self.broken)
+        assert self.layout is not None
+        return Step(self, self.layout, stepping=True)
+
+    def serve_joined(self) -> None:
+        """``hvd.join()`` on this rank: serve the others' steps with zeros until every rank
+        joined (a step whose header counts no rank that stepped)."""
+        assert self.layout is not None
+        layout = self.layout
+        while True:
+            step = Step(self, layout, stepping=False)
+            step.post(0, [torch.zeros(s, dtype=layout.dtype, device=_device(layout))
+                          for s in layout.shapes[0]])  # fmt: skip
+            step.wait(0)
+            if step.stepped == 0:
+                return
+            self.steps += 1
+            for index in range(1, len(layout.shapes)):
+                step.post(index, [torch.zeros(s, dtype=layout.dtype, device=_device(layout))
+                                  for s in layout.shapes[index]])  # fmt: skip
+            step.finish()
+
+    def wait(self, work: Any, cuda: bool) -> None:
+        """Until ``work`` ends; after ``STALL_S`` the negotiator's deadlock watch counts
+        this rank as waiting (and its verdict ends the wait here too). NCCL's work is waited
+        for whole: its timed waits may abort the communicator, and its watchdog bounds it."""
+        if cuda or self._waited(work, STALL_S):
+            self._waited(work, None)
+            return
+        seen = self._negotiator.deadlocks
+        with self._negotiator.stalled():
+            while not self._waited(work, _SLICE_S):
+                if self._negotiator.deadlocks != seen:  # the cause, before what follows
+                    self.broken = (
+                        f"the optimizer's gradient allreduce (gradient lane) cannot finish: "
+                        f"{self._negotiator.deadlock_error}"
+                    )
+                    raise RuntimeError(self.broken)
+                if self._negotiator.broken is not None:
+                    raise HorovodInternalError(str(self._negotiator.broken))
+
+    def _waited(self, work: Any, seconds: float | None) -> bool:
+        """Whether ``work`` ended within ``seconds`` (``None``: however long it takes).
+        A timed wait that ends early raises and leaves the work running (no callback: one
+        left on a work that never ends crashes the process at exit)."""
+        try:
+            if seconds is None:
+                work.wait()
+            else:
+                work.wait(datetime.timedelta(seconds=seconds))
+            return True
+        except RuntimeError as exc:
+            if seconds is not None and not work.is_completed():
+                return False  # timed out
+            self.broken = f"the gradient lane failed: {exc}"
+            raise HorovodInternalError(
+                f"gradient allreduce failed: {exc} (a peer rank probably died, left or shut down)"
+            ) from exc
+
+
+def _device(layout: Layout) -> torch.device:
+    if layout.device == "cuda":
+        return torch.device("cuda", torch.cuda.current_device())
+    return torch.device(layout.device)
+
+
+class Step:
+    """One step's buckets on the lane: posted in bucket order, waited for in order."""
+
+    def __init__(self, lane: Lane, layout: Layout, stepping: bool) -> None:
+        self._lane, self._layout = lane, layout
+        self._header = (1.0, float(layout.fingerprint())) if stepping else (0.0, 0.0)
+        self._ready: dict[int, list[torch.Tensor]] = {}
+        self._posted: list[tuple[Any, torch.Tensor]] = []
+        self.stepped = -1  # ranks that stepped, known once bucket 0 is back
+
+    @property
+    def next_index(self) -> int:
+        return len(self._posted)
+
+    def ready(self, index: int, tensors: Sequence[torch.Tensor]) -> None:
+        """Bucket ``index``'s (compressed) gradients exist: post it, and every later one
+        already ready, once the buckets before it are posted."""
+        self._ready[index] = list(tensors)
+        while self.next_index in self._ready:
+            i = self.next_index
+            self.post(i, self._ready.pop(i))
+
+    def post(self, index: int, tensors: Sequence[torch.Tensor]) -> None:
+        assert index == self.next_index, (index, self.next_index)
+        layout = self._layout
+        flat = [execute.scale(t.detach(), layout.pre).reshape(-1) for t in tensors]
+        if index == 0:
+            flat.append(torch.tensor(self._header, dtype=layout.dtype, device=flat[0].device))
+        buf = flat[0].clone() if len(flat) == 1 else torch.cat(flat)
+        if buf.dtype != layout.dtype:
+            raise RuntimeError(
+                f"a gradient became {buf.dtype} after the ranks agreed on {layout.dtype} for "
+                f"the gradient lane; set HVDRUNNER_GRADIENT_LANE=0 for models whose gradients "
+                f"change type between steps"
+            )
+        work = dist.all_reduce(buf, op=dist.ReduceOp.SUM, group=self._lane.group, async_op=True)
+        self._posted.append((work, buf))
+
+    def wait(self, index: int) -> torch.Tensor:
+        work, buf = self._posted[index]
+        self._lane.wait(work, buf.is_cuda)
+        if index == 0:
+            self._check_header(buf)
+        return buf
+
+    def _check_header(self, buf: torch.Tensor) -> None:
+        stepped, fingerprints = (round(float(v)) for v in buf[-2:])
+        fp = self._layout.fingerprint()
+        if fingerprints != stepped * fp:
+            self._lane.broken = (
+                "ranks' optimizers sent different gradient buckets on the gradient lane "
+                "(different models, parameters, dtypes or options on different ranks); "
+                "every rank must wrap the same model the same way"
+            )
+            raise RuntimeError(self._lane.broken)
+        self.stepped = stepped
+
+    def finish(self) -> list[list[torch.Tensor]]:
+        """Every bucket's results, scaled as the negotiated path scales them (all buckets
+        must be posted)."""
+        layout = self._layout
+        assert self.next_index == len(layout.shapes), "a bucket was never posted"
+        factor = layout.post / self._lane.size if layout.op == AVERAGE else layout.post
+        if self._header[0]:
+            self._lane.steps += 1
+        results = []
+        for index in range(len(layout.shapes)):
+            buf = self.wait(index)
+            outs, offset = [], 0
+            for shape, n in zip(layout.shapes[index], layout.numels(index), strict=True):
+                outs.append(execute.scale(buf[offset : offset + n].view(shape), factor))
+                offset += n
+            results.append(outs)
+        return results
