@@ -10,6 +10,8 @@ Contenders:
 - ``keras_fit``: ``hvdrunner.keras.fit`` (Keras 3 on PyTorch) on the same data;
 - ``bare``: the unchanged ``horovod.torch`` recipe (DistributedSampler, DataLoader,
   DistributedOptimizer) under ``HorovodRunner(np=2)``;
+- ``bare_engine``: the same recipe with its import changed to ``import hvdrunner.hvd_torch
+  as hvd`` (hvdrunner's engine, nothing compiled);
 - ``ddp``: torch DDP (gloo) under pyspark's ``TorchDistributor(num_processes=2)``;
 - ``bare_hsr``: the bare recipe under ``horovod.spark.run(num_proc=2)`` (the launch only).
 
@@ -23,7 +25,7 @@ bare loops: their ``for`` over the loader), the boundary (epoch wall minus step 
 first epoch, and the launch's phases: call -> the function's first line, first line ->
 first step (the function's own set-up), last epoch -> return, return -> the caller has it.
 
-    .venv-torch/bin/python benchmarks/epoch_wall.py [--reps 3 --epochs 8]
+    .venv-torch/bin/python benchmarks/epoch_wall.py [--reps 3 --epochs 8] [--out FILE]
 """
 
 from __future__ import annotations
@@ -78,11 +80,16 @@ def _loop_epochs(loader, sampler, step, epochs: int) -> list[tuple[float, float]
     return out
 
 
-def bare(local_path: str, inputs: int, hidden: int, epochs: int) -> dict:
-    """The unchanged horovod.torch recipe, timed from its first line."""
+def bare(local_path: str, inputs: int, hidden: int, epochs: int,
+         engine: str = "horovod.torch") -> dict:  # fmt: skip
+    """The unchanged horovod.torch recipe (``import <engine> as hvd``), timed from its first
+    line."""
     first = time.time()
-    import horovod.torch as hvd
+    import importlib
+
     import torch
+
+    hvd = importlib.import_module(engine)
 
     hvd.init()
     torch.set_num_threads(max(1, (os.cpu_count() or 2) // hvd.local_size()))
@@ -269,12 +276,21 @@ def _prepare(spark, rows: int, inputs: int, cache: str):
     return prepare(df, features="x", label="y", cache_dir=cache, refresh=True)
 
 
+def _horovod_spark():
+    """horovod.spark, imported only for ``bare_hsr`` (the torch stack has no horovod)."""
+    import horovod.spark
+
+    return horovod.spark
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--reps", type=int, default=3)
+    parser.add_argument("--out", type=Path, default=RESULTS, help="the results file")
     parser.add_argument("--epochs", type=int, default=8)
     parser.add_argument("--models", default=",".join(MODELS))
-    parser.add_argument("--contenders", default="fit,fit_mlflow,keras_fit,bare,ddp,bare_hsr")
+    parser.add_argument("--contenders",
+                        default="fit,fit_mlflow,keras_fit,bare,bare_engine,ddp,bare_hsr")  # fmt: skip
     parser.add_argument(
         "--profile",
         choices=["fit", "fit_mlflow", "keras_fit"],
@@ -284,7 +300,6 @@ def main() -> None:
     args = parser.parse_args()
     os.environ.setdefault("KERAS_BACKEND", "torch")
 
-    import horovod.spark
     import mlflow
     from pyspark.ml.torch.distributor import TorchDistributor
 
@@ -327,8 +342,10 @@ def main() -> None:
                 "fit_mlflow": lambda: in_run(lambda: runner.run(fit, data=data, **kw)),
                 "keras_fit": lambda: runner.run(keras_fit, data=data, **kw),
                 "bare": lambda: runner.run(bare, local_path=path, **kw),
+                "bare_engine": lambda: runner.run(bare, local_path=path,
+                                                  engine="hvdrunner.hvd_torch", **kw),  # fmt: skip
                 "ddp": lambda: distributor.run(ddp, path, inputs, hidden, e),
-                "bare_hsr": lambda: horovod.spark.run(bare, kwargs={"local_path": path, **kw},
+                "bare_hsr": lambda: _horovod_spark().run(bare, kwargs={"local_path": path, **kw},
                                                       num_proc=2, use_gloo=True, verbose=0),
             }  # fmt: skip
 
@@ -342,18 +359,18 @@ def main() -> None:
         summary = {c: _summary(short[c], long[c], args.epochs) for c in wanted}
         ratios = {}
         if "ddp" in summary:
-            for c in ("fit", "fit_mlflow", "keras_fit", "bare"):
+            for c in ("fit", "fit_mlflow", "keras_fit", "bare", "bare_engine"):
                 if c in summary:  # > 1: faster than DDP, a whole epoch as the user waits
                     ratios[f"{c}_vs_ddp_whole_epoch"] = round(
                         summary["ddp"]["whole_epoch_s"] / summary[c]["whole_epoch_s"], 3)  # fmt: skip
         if "bare_hsr" in summary:
-            for c in ("bare", "fit"):
+            for c in ("bare", "bare_engine", "fit"):
                 if c in summary:  # < 1: HorovodRunner launches faster
                     ratios[f"{c}_vs_horovod_spark_run_launch"] = round(
                         summary[c]["launch_s"] / summary["bare_hsr"]["launch_s"], 3)  # fmt: skip
         out[name] = {"rows": rows, "inputs": inputs, "hidden": hidden, **summary, **ratios}
         data.delete()
-    save(RESULTS, {
+    save(args.out, {
         "what": (
             f"2 processes on local[2], batch {BATCH}/process, SGD; medians of {args.reps} "
             f"interleaved reps of a 1-epoch and a {args.epochs}-epoch job per contender; "

@@ -7,6 +7,8 @@ over gloo. No GPU here: device pinning runs its CPU branch."""
 
 from __future__ import annotations
 
+import importlib.metadata
+import importlib.util
 import os
 import subprocess
 import sys
@@ -153,32 +155,30 @@ def test_doctor_reports_torch_and_horovods_torch_extension():
     proc = subprocess.run([sys.executable, "-m", "hvdrunner", "doctor"], capture_output=True,
                           text=True, timeout=300)  # fmt: skip
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    import torch
-
-    assert f"[x] horovod built with PyTorch: yes (torch {torch.__version__})" in proc.stdout
+    # The installed distribution's version, as doctor reads it (a CUDA wheel's
+    # torch.__version__ adds "+cu130", which its metadata does not).
+    version = importlib.metadata.version("torch")
+    assert f"[x] horovod built with PyTorch: yes (torch {version})" in proc.stdout
     assert "[-] horovod built with TensorFlow: no (tensorflow not installed)" in proc.stdout
-    assert f"[x] torch: {torch.__version__}" in proc.stdout
+    assert f"[x] torch: {version}" in proc.stdout
 
 
 @pytest.mark.stacks("gpu")
 def test_the_builder_keys_and_checks_the_torch_build(tmp_path):
-    import torch
-
     env = {**os.environ, "PYTHON": sys.executable, "HVDRUNNER_WHEEL_CACHE": str(tmp_path),
            "HVDRUNNER_HOROVOD_GPU": "nccl"}  # fmt: skip
     builder = ROOT / "scripts" / "install_horovod.sh"
     key = subprocess.run(["bash", str(builder), "--print-key"], capture_output=True, text=True,
                          env=env, timeout=120, check=True).stdout.strip()  # fmt: skip
     py = f"py{sys.version_info[0]}{sys.version_info[1]}"
-    assert key.startswith(f"horovod-0.28.1-torch{torch.__version__.replace('+', '')}-{py}-cuda")
+    version = importlib.metadata.version("torch").replace("+", "")
+    assert key.startswith(f"horovod-0.28.1-torch{version}-{py}-cuda")
     assert "-torchcxx17-" in key and "-tf" not in key  # the torch patch is in the key
     assert "-idlewait-" in key  # and the idle-wait patch (torch builds)
     check = subprocess.run(["bash", str(builder)], capture_output=True, text=True, env=env,
                            timeout=300)  # fmt: skip
     assert check.returncode == 0, check.stdout + check.stderr
     assert "already installed with PyTorch, gloo and hvdrunner's patches" in check.stdout
-    import importlib.util
-
     assert importlib.util.find_spec("horovod._hvdrunner_torch_cxx17") is not None
     from horovod._hvdrunner_idle_wait import VERSION
 
