@@ -13,7 +13,7 @@ sent the same layout (else every rank raises). The header's values are small int
 in the buffer's float type.
 
 The arithmetic is the negotiated path's (engine.execute: pre-scale, one sum, ``post / size``
-for ``Average``), so results are the same bit for bit. One optimizer per ``init()`` owns the
+for ``Average``; float32/64 only, scaled in place), so results are the same bit for bit. One optimizer per ``init()`` owns the
 lane (the first one that asks; others stay negotiated); ``HVDRUNNER_GRADIENT_LANE=0`` turns
 it off. A rank that waits on the lane longer than ``STALL_S`` tells its negotiator, so the
 deadlock watch still names ranks that wait on different collectives.
@@ -35,7 +35,6 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from hvdrunner.engine import execute
 from hvdrunner.engine.negotiator import Negotiator
 from hvdrunner.engine.requests import AVERAGE, SUM
 from hvdrunner.errors import HorovodInternalError
@@ -215,7 +214,8 @@ class Step:
     def post(self, index: int, tensors: Sequence[torch.Tensor]) -> None:
         assert index == self.next_index, (index, self.next_index)
         layout = self._layout
-        flat = [execute.scale(t.detach(), layout.pre).reshape(-1) for t in tensors]
+        flat = [t.detach().reshape(-1) for t in tensors]
+        grads = sum(t.numel() for t in flat)
         if index == 0:
             flat.append(torch.tensor(self._header, dtype=layout.dtype, device=flat[0].device))
         buf = flat[0].clone() if len(flat) == 1 else torch.cat(flat)
@@ -225,6 +225,8 @@ class Step:
                 f"the gradient lane; set HVDRUNNER_GRADIENT_LANE=0 for models whose gradients "
                 f"change type between steps"
             )
+        if layout.pre != 1.0:  # the negotiated path's t * pre, in place on the copy
+            buf[:grads].mul_(layout.pre)
         work = dist.all_reduce(buf, op=dist.ReduceOp.SUM, group=self._lane.group, async_op=True)
         self._posted.append((work, buf))
 
@@ -259,8 +261,10 @@ class Step:
         for index in range(len(layout.shapes)):
             buf = self.wait(index)
             outs, offset = [], 0
+            if factor != 1.0:  # the negotiated path's t * factor, in place (no second copy)
+                buf.mul_(factor)
             for shape, n in zip(layout.shapes[index], layout.numels(index), strict=True):
-                outs.append(execute.scale(buf[offset : offset + n].view(shape), factor))
+                outs.append(buf[offset : offset + n].view(shape))
                 offset += n
             results.append(outs)
         return results
