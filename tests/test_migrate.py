@@ -6,8 +6,11 @@ rewritten where a drop-in exists, reported where a hand is needed, and left alon
 
 from __future__ import annotations
 
+import difflib
 import json
+import re
 import shutil
+import stat
 import subprocess
 import sys
 from pathlib import Path
@@ -105,5 +108,162 @@ def test_a_missing_path_is_refused_by_name(tmp_path):
 def test_names_sparkdl_never_had_are_left_to_python():
     # An import of something else from sparkdl is not guessed at: the line stays, Python
     # will say what is missing.
+    # It is reported, with the line, as every import of sparkdl is.
     report = migrate_text("from sparkdl import xgboost\n", "n.py")
     assert report.text == "from sparkdl import xgboost\n" and not report.rewritten
+    [finding] = report.manual
+    assert finding.line == 1 and "sparkdl" in finding.what
+
+
+# -- hostile input (issue 51): every way of writing an import or an install ----------------
+EVERY_FORM_PY = """\
+# Databricks notebook source
+# MAGIC %pip install horovod==0.28.1 sparkdl
+
+# COMMAND ----------
+
+# MAGIC %sh
+# MAGIC pip install --upgrade horovod
+
+# COMMAND ----------
+
+from sparkdl import HorovodRunner as HR
+from sparkdl import HorovodRunner  # the launcher
+from sparkdl import (
+    HorovodRunner,
+    log_to_driver,
+)
+from sparkdl.horovod import HorovodRunner
+import sparkdl
+import horovod.tensorflow.keras as hvd  # noqa
+import horovod.tensorflow.keras as hvd; hvd.init()
+import horovod.keras as hvd
+import horovod.tensorflow.keras
+from horovod.tensorflow.keras import DistributedOptimizer
+import os, horovod.torch as hvd
+import horovod.spark
+dbutils.library.installPyPI("horovod", version="0.28.1")
+
+# COMMAND ----------
+
+def train():
+    import horovod.tensorflow.keras as hvd  # inside a function
+    hvd.init()
+"""
+#: What each line becomes (rewritten), or None where it must be reported.
+EXPECTED = {
+    "from sparkdl import HorovodRunner as HR": "from hvdrunner import HorovodRunner as HR",
+    "from sparkdl import HorovodRunner  # the launcher":
+        "from hvdrunner import HorovodRunner  # the launcher",
+    "from sparkdl import (": "from hvdrunner import (",
+    "from sparkdl.horovod import HorovodRunner": "from hvdrunner import HorovodRunner",
+    "import horovod.tensorflow.keras as hvd  # noqa": "import hvdrunner.hvd_keras as hvd  # noqa",
+    "import horovod.tensorflow.keras as hvd; hvd.init()":
+        "import hvdrunner.hvd_keras as hvd; hvd.init()",
+    "import horovod.keras as hvd": "import hvdrunner.hvd_keras as hvd",
+    "from horovod.tensorflow.keras import DistributedOptimizer":
+        "from hvdrunner.hvd_keras import DistributedOptimizer",
+    "import os, horovod.torch as hvd": "import os, hvdrunner.hvd_torch as hvd",
+    "    import horovod.tensorflow.keras as hvd  # inside a function":
+        "    import hvdrunner.hvd_keras as hvd  # inside a function",
+}  # fmt: skip
+
+
+def _unreported(text: str, reported_lines: set[int]) -> list[str]:
+    """Lines still naming sparkdl or horovod that the report does not name."""
+    return [f"{n}: {ln}" for n, ln in enumerate(text.splitlines(), start=1)
+            if re.search(r"\b(?:sparkdl|horovod)\b", ln) and n not in reported_lines]  # fmt: skip
+
+
+def test_every_form_of_import_and_install_is_rewritten_or_reported():
+    report = migrate_text(EVERY_FORM_PY, "every_form.py")
+    lines = report.text.splitlines()
+    for old, new in EXPECTED.items():
+        assert new in lines and old not in lines, (old, new)
+    reported = {f.line: f for f in report.manual}
+    assert not _unreported(report.text, set(reported)), _unreported(report.text, set(reported))
+    by_text = {f.text: f for f in report.manual}
+    assert "hvd_keras" in by_text["import horovod.tensorflow.keras"].fix
+    assert "from hvdrunner import HorovodRunner" in by_text["import sparkdl"].fix
+    assert (
+        "installs horovod or sparkdl"
+        in by_text["# MAGIC %pip install horovod==0.28.1 sparkdl"].what
+    )
+    assert "installs" in by_text["# MAGIC pip install --upgrade horovod"].what
+    assert "installs" in by_text['dbutils.library.installPyPI("horovod", version="0.28.1")'].what
+    assert len(report.manual) == 6, [f.text for f in report.manual]  # 3 installs, 3 imports
+    assert lines[reported[min(reported)].line - 1].strip() == reported[min(reported)].text
+    assert migrate_text(report.text, "again.py").rewritten == []  # idempotent
+
+
+def test_the_same_forms_in_an_ipynb_are_numbered_by_cell_and_line(tmp_path):
+    cells = [
+        {"cell_type": "markdown", "metadata": {}, "source": ["# uses horovod\n"]},
+        {"cell_type": "code", "metadata": {}, "execution_count": None, "outputs": [],
+         "source": ["%pip install horovod\n", "!pip install sparkdl\n"]},
+        {"cell_type": "code", "metadata": {}, "execution_count": None, "outputs": [],
+         "source": ["%sh\n", "pip install horovod\n"]},
+        {"cell_type": "code", "metadata": {}, "execution_count": None, "outputs": [],
+         "source": ["import numpy as np\n", "import horovod.tensorflow.keras as hvd  # noqa\n",
+                    "import sparkdl\n"]},
+    ]  # fmt: skip
+    nb = {"cells": cells, "metadata": {"kernelspec": {"name": "python3"}}, "nbformat": 4,
+          "nbformat_minor": 5}  # fmt: skip
+    text = json.dumps(nb, indent=2, sort_keys=True) + "\n"  # not Jupyter's own layout
+    path = tmp_path / "every_form.ipynb"
+    path.write_text(text)
+    before, report = migrate_file(str(path))
+    where = sorted((f.cell, f.line) for f in report.manual)
+    assert where == [(2, 1), (2, 2), (3, 2), (4, 3)], where  # as Jupyter shows them
+    # The file keeps its layout: the only changed line is the rewritten import.
+    changed = [ln for ln in difflib.unified_diff(before.splitlines(), report.text.splitlines(),
+                                                 lineterm="", n=0)
+               if ln[:1] in "+-" and not ln.startswith(("+++", "---"))]  # fmt: skip
+    assert changed == ['-        "import horovod.tensorflow.keras as hvd  # noqa\\n",',
+                       '+        "import hvdrunner.hvd_keras as hvd  # noqa\\n",'], changed  # fmt: skip
+    proc = _cli(str(path))
+    assert f"{path}: cell 4, line 3: needs a hand" in proc.stdout, proc.stdout
+
+
+def test_write_keeps_mode_writes_through_links_and_refuses_read_only_files(tmp_path):
+    notebook = "from sparkdl import HorovodRunner\n"
+    run = tmp_path / "run.py"
+    run.write_text(notebook)
+    run.chmod(0o750)
+    target = tmp_path / "real" / "linked.py"
+    target.parent.mkdir()
+    target.write_text(notebook)
+    link = tmp_path / "link.py"
+    link.symlink_to(target)
+    proc = _cli(str(run), str(link), "--write")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert stat.S_IMODE(run.stat().st_mode) == 0o750 and "hvdrunner" in run.read_text()
+    assert link.is_symlink() and "hvdrunner" in target.read_text()
+    # A read-only file is refused by name, and nothing else is written either.
+    locked, other = tmp_path / "locked.py", tmp_path / "other.py"
+    locked.write_text(notebook)
+    locked.chmod(0o444)
+    other.write_text(notebook)
+    proc = _cli(str(other), str(locked), "--write")
+    assert proc.returncode == 1 and f"{locked}: read-only" in proc.stderr, proc.stderr
+    assert "nothing written" in proc.stderr and "Traceback" not in proc.stderr
+    assert locked.read_text() == notebook and other.read_text() == notebook
+
+
+def test_input_that_is_not_a_notebook_is_named_and_nothing_is_written(tmp_path):
+    folder = tmp_path / "nbs"
+    folder.mkdir()
+    (folder / "a_good.py").write_text("from sparkdl import HorovodRunner\n")
+    (folder / "b_binary.py").write_bytes(b"\x00\x01\x02horovod")
+    (folder / "c_latin1.py").write_bytes(
+        "# caf\xe9\nimport horovod.torch as hvd\n".encode("latin-1")
+    )
+    (folder / "d_broken.ipynb").write_text('{"cells": [{"cell_type": "code", "source": ["import')
+    proc = _cli(str(folder), "--write")
+    assert proc.returncode == 1 and "Traceback" not in proc.stderr, proc.stderr
+    assert f"{folder / 'b_binary.py'}: a binary file, not a notebook" in proc.stderr
+    assert f"{folder / 'c_latin1.py'}: not UTF-8 text (byte 0xe9 at offset 5)" in proc.stderr
+    assert f"{folder / 'd_broken.ipynb'}: not a valid .ipynb" in proc.stderr
+    assert (folder / "a_good.py").read_text() == "from sparkdl import HorovodRunner\n"
+    dry = _cli(str(folder))  # a dry run still shows what it can
+    assert dry.returncode == 1 and "+from hvdrunner import HorovodRunner" in dry.stdout

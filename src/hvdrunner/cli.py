@@ -47,7 +47,7 @@ def main(argv: list[str] | None = None) -> int:
     migrate.add_argument("rest", nargs=argparse.REMAINDER)
     args = parser.parse_args(argv)
     if args.command == "migrate":
-        from hvdrunner.migrate import main as migrate_main
+        from hvdrunner.migrate.files import main as migrate_main
 
         return migrate_main(args.rest)
     if args.command == "doctor":
