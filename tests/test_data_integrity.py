@@ -75,7 +75,7 @@ def test_array_contents_are_validated_naming_the_column(spark, tmp_path, expr, m
 @pytest.mark.parametrize(
     ("kwargs", "match"),
     [
-        ({"dtype": "float16"}, r"dtype='float16' is not supported"),
+        ({"dtype": "float16"}, r"dtype float16 is not supported\. Use 'float32' or float64"),
         ({"cache_dir": ""}, "cache_dir='' is empty"),
         ({"cache_dir": "   "}, "is empty"),
     ],

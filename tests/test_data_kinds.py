@@ -294,3 +294,41 @@ def test_the_same_columns_prepared_again_in_other_roles_get_those_roles(table, t
     assert (both.features, both.label) == (("content", "label_index"), None)
     assert (labelled.features, labelled.label, labelled.single_feature) == (
         ("content",), "label_index", True)  # fmt: skip
+
+
+# -- hostile input (issue 51) -----------------------------------------------------------------
+def test_a_transform_row_of_another_dtype_is_refused_not_widened():
+    """A float64 row among float32 ones: np.stack would make the batch float64 while
+    edit_fields says float32. Every row is checked, the row named."""
+    from hvdrunner.data.transform import apply
+
+    def mixed(df):
+        return df.assign(x=[np.zeros(2, np.float32), np.zeros(2, np.float64),
+                            np.zeros(2, np.float32)])  # fmt: skip
+
+    spec = TransformSpec(mixed, edit_fields=[("x", np.float32, (2,), False)])
+    with pytest.raises(ValueError, match=r"column 'x' has a row of float64 \(row 1 of the "
+                       r"batch\); edit_fields declares float32"):  # fmt: skip
+        apply(spec, {"x": np.zeros(3, np.float32)})
+
+
+def test_petastorms_string_and_bytes_declarations_are_accepted():
+    from hvdrunner.data.transform import apply
+
+    spec = TransformSpec(lambda df: df.assign(s=df.b.map(lambda v: v.decode()), t=df.b),
+                         edit_fields=[("s", np.str_, (), False), ("t", np.bytes_, (), False)])  # fmt: skip
+    out = apply(spec, {"b": np.array([b"cat", b"dog"], dtype=object)})
+    assert out["s"].tolist() == ["cat", "dog"] and out["t"].tolist() == [b"cat", b"dog"]
+    wrong = TransformSpec(lambda df: df.assign(s=df.b), edit_fields=[("s", np.str_, (), False)])
+    with pytest.raises(ValueError, match=r"column 's' holds bytes; edit_fields declares np.str_"):
+        apply(wrong, {"b": np.array([b"cat", b"dog"], dtype=object)})
+    numbers = TransformSpec(lambda df: df.assign(n=df.b), edit_fields=[("n", np.int32, (), False)])
+    with pytest.raises(ValueError, match=r"declare np.str_, np.bytes_ or object"):
+        apply(numbers, {"b": np.array([b"cat", b"dog"], dtype=object)})
+
+
+def test_a_dotted_column_name_is_refused_naming_the_rename(spark, tmp_path):
+    df = spark.createDataFrame([(1.0, 0)], "`a.b` double, label int")
+    with pytest.raises(ValueError, match=r"column 'a.b' has a dot in its name.*"
+                       r"withColumnRenamed\('a.b', 'a_b'\)"):  # fmt: skip
+        prepare(df, features=["a.b"], label="label", cache_dir=str(tmp_path))

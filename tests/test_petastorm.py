@@ -155,7 +155,9 @@ def test_make_spark_converter_refuses_what_it_cannot_write(spark, parent):
     df = _frame(spark, 20)
     with pytest.raises(ValueError, match=r"compression_codec='zip': pass None or one of"):
         make_spark_converter(df, compression_codec="zip")
-    with pytest.raises(ValueError, match=r"dtype='float16' is not supported"):
+    with pytest.raises(
+        ValueError, match=r"dtype float16 is not supported\. Use 'float32' or float64"
+    ):
         make_spark_converter(df, dtype="float16")
     with pytest.raises(ValueError, match=r"column 'name' has type map<string,bigint>"):
         make_spark_converter(df.withColumn("name", F.create_map(F.lit("x"), F.col("row"))))
@@ -265,7 +267,14 @@ def test_the_torch_loader_gives_dicts_of_tensors_and_equal_batches(spark, parent
     with converter.make_torch_dataloader(batch_size=16) as loader:  # endless by default
         it = iter(loader)
         assert len([next(it) for _ in range(20)]) == 20  # past one pass (7 batches)
+        # A second iter() would start again at the first epoch's order: refused, in
+        # petastorm's words (issue 51).
+        with pytest.raises(RuntimeError, match="Cannot start a new iteration because last "
+                           "time iteration did not finish.*num_epochs=N"):  # fmt: skip
+            iter(loader)
     converter.delete()
+    with pytest.raises(ValueError, match=r"deleted \(converter.delete\(\)\).*make_spark_converter"):
+        converter.make_torch_dataloader(batch_size=16)
 
 
 def test_reader_arguments_map_onto_the_read_options(monkeypatch, caplog):

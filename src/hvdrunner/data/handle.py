@@ -284,7 +284,8 @@ class PreparedData:
                 f"{self.local_path} ({len(missing)} of its {len(names)} files missing, e.g. "
                 f"{missing[0]}). cache_dir must be storage that every node mounts at the same "
                 f"path (DBFS or /Volumes on Databricks; NFS or a FUSE-mounted bucket elsewhere, "
-                f"with prepare(..., shared=True)); if it was deleted, run prepare() again."
+                f"with prepare(..., shared=True)); if it was deleted, run prepare() again (or "
+                f"make_spark_converter(df) for a petastorm converter)."
             )
 
     def structure(self, batch: dict[str, Any]) -> Any:

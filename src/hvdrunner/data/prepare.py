@@ -128,7 +128,8 @@ def prepare(
         )
     if dtype is not None and dtype not in DTYPES:
         raise ValueError(
-            f"dtype={dtype!r} is not supported; pass 'float32', 'float64' or None (floating "
+            # petastorm's words first (code matches on them), then ours
+            f"dtype {dtype} is not supported. Use 'float32' or float64, or None (floating "
             f"columns are cast to it, None keeps their own; integer columns keep their type)"
         )
     options = _write_options(compression, row_group_bytes)
@@ -225,6 +226,12 @@ def _check_columns(
         if name not in fields:
             raise ValueError(
                 f"column {name!r} is not in the DataFrame; its columns are {sorted(fields)}"
+            )
+        if "." in name or "`" in name:  # Spark reads a dot as a struct's field
+            raise ValueError(
+                f"column {name!r} has a {'dot' if '.' in name else 'backtick'} in its name, "
+                f"which Spark's column references cannot take here: rename it first, e.g. "
+                f"df = df.withColumnRenamed({name!r}, {name.replace('.', '_').replace('`', '')!r})"
             )
     for name in shapes:
         if name not in wanted:

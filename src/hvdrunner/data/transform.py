@@ -40,6 +40,7 @@ class Field:
     dtype: np.dtype[Any]
     shape: tuple[int | None, ...]
     declared: bool = True  # in edit_fields; False: an input column passed through
+    text: str | None = None  # "str" or "bytes": petastorm's np.str_ / np.bytes_ (as objects)
 
 
 @dataclass(frozen=True, init=False)
@@ -108,6 +109,9 @@ def _field(spec: Any) -> Field:
         np_dtype = np.dtype(dtype)
     except TypeError as exc:
         raise ValueError(f"edit_fields {name!r}: {dtype!r} is not a numpy dtype") from exc
+    if np_dtype.kind in "US":  # petastorm's np.str_ / np.bytes_: Python objects in a batch
+        text = "str" if np_dtype.kind == "U" else "bytes"
+        return Field(str(name), np.dtype(object), tuple(shape or ()), text=text)
     return Field(str(name), np_dtype, tuple(shape or ()))
 
 
@@ -168,6 +172,15 @@ def _column(name: str, series: Any, want: Field) -> np.ndarray:
                 f"the transform's column {name!r} has a row of shape {np.shape(bad)}; "
                 f"{_declared(want)} declares {want.shape}"
             )
+        # Every row's type, not the first's: np.stack would widen a float64 row among
+        # float32 ones, and the batch would say float32 while holding float64.
+        row = next((i for i, c in enumerate(cells) if np.asarray(c).dtype != want.dtype), None)
+        if row is not None:
+            raise ValueError(
+                f"the transform's column {name!r} has a row of {np.asarray(cells[row]).dtype} "
+                f"(row {row} of the batch); {_declared(want)} declares {want.dtype} (cast it "
+                f"in the transform, e.g. .astype(np.{want.dtype.name}))"
+            )
         try:
             values = np.stack(cells)
         except ValueError as exc:  # rows of different lengths along a None axis
@@ -175,13 +188,24 @@ def _column(name: str, series: Any, want: Field) -> np.ndarray:
                 f"the transform's column {name!r} has rows of different shapes ({exc}): a "
                 f"batch needs one"
             ) from exc
-        dtype = values.dtype if not cells else np.asarray(cells[0]).dtype
+        dtype = values.dtype if not cells else want.dtype
+    elif want.text is not None:
+        kind = str if want.text == "str" else bytes
+        bad = next((v for v in values if not isinstance(v, kind)), None)
+        if bad is not None or values.dtype.kind != "O":
+            found = type(bad).__name__ if bad is not None else str(values.dtype)
+            raise ValueError(
+                f"the transform's column {name!r} holds {found}; edit_fields declares "
+                f"np.{'str_' if kind is str else 'bytes_'}: every row must be a Python {kind.__name__}"
+            )
+        dtype = values.dtype
     else:
         dtype = values.dtype
         if dtype.kind == "O" and want.dtype.kind != "O":
             raise ValueError(
                 f"the transform's column {name!r} holds Python objects (e.g. "
-                f"{type(values[0]).__name__}); {_declared(want)} declares {want.dtype}"
+                f"{type(values[0]).__name__}); {_declared(want)} declares {want.dtype} (strings "
+                f"and bytes: declare np.str_, np.bytes_ or object)"
             )
     if np.dtype(dtype) != want.dtype:
         raise ValueError(

@@ -41,6 +41,14 @@ class SparkDatasetConverter:
 
     def __init__(self, data: PreparedData) -> None:
         self._data = data
+        self._deleted = False
+
+    def _check_alive(self) -> None:
+        if self._deleted:
+            raise ValueError(
+                "this converter's files were deleted (converter.delete()): make a new one with "
+                "make_spark_converter(df)"
+            )
 
     @property
     def cache_dir_url(self) -> str:
@@ -88,6 +96,7 @@ class SparkDatasetConverter:
         """
         from hvdrunner.petastorm.tf_dataset import tf_dataset
 
+        self._check_alive()
         opts = read_options(self._names(), batch_size, num_epochs, workers_count,
                             shuffling_queue_capacity, petastorm_reader_kwargs)  # fmt: skip
         if prefetch is not None and not is_int(prefetch):
@@ -119,6 +128,7 @@ class SparkDatasetConverter:
             )
         from hvdrunner.petastorm.torch_loader import torch_dataloader
 
+        self._check_alive()
         opts = read_options(self._names(), batch_size, num_epochs, workers_count,
                             shuffling_queue_capacity, petastorm_reader_kwargs)  # fmt: skip
         return torch_dataloader(self._data, opts)
@@ -126,6 +136,7 @@ class SparkDatasetConverter:
     def delete(self) -> None:
         """Remove the cached files (on the driver, after training; safe to call twice)."""
         self._data.delete()
+        self._deleted = True
 
     def prepared(self, features: str, label: str | None = None) -> PreparedData:
         """The same files as :class:`hvdrunner.data.PreparedData` feeding ``features`` (and
@@ -135,6 +146,7 @@ class SparkDatasetConverter:
             >>> converter.prepared("features", "label").steps_per_epoch(32, 2)  # doctest: +SKIP
             29
         """
+        self._check_alive()
         if not isinstance(features, str) or not (label is None or isinstance(label, str)):
             raise ValueError(f"features={features!r}, label={label!r}: pass one column name each")
         names = [features, *([label] if label is not None else [])]

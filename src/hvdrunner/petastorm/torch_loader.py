@@ -41,9 +41,15 @@ def sanitized(batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
     return out
 
 
+#: petastorm's words (its loader raises them too): code may match on them.
+PARALLEL_ITER_ERROR = "Cannot start a new iteration because last time iteration did not finish."
+
+
 class DataLoader:
     """Iterate for batches ``{column: tensor}``; each ``iter()`` is a new pass of
-    ``num_epochs`` epochs (endless when ``None``), continuing the epochs' shuffle order.
+    ``num_epochs`` epochs, continuing the epochs' shuffle order. With ``num_epochs=None``
+    the one pass never ends: a second ``iter()`` raises, as petastorm's does (it would
+    otherwise start again at the first epoch's order).
 
     Example:
         >>> it = iter(loader)  # doctest: +SKIP
@@ -58,6 +64,12 @@ class DataLoader:
         self._open: list[Generator[dict[str, Any], None, None]] = []
 
     def __iter__(self) -> Iterator[dict[str, Any]]:
+        if self._opts.num_epochs is None and self._passes:
+            raise RuntimeError(
+                f"{PARALLEL_ITER_ERROR} This loader is endless (num_epochs=None): keep "
+                f"iterating its first iterator (next(it)), or pass num_epochs=N, so that each "
+                f"iter() is a new pass that continues the epochs' order"
+            )
         first = self._passes * (self._opts.num_epochs or 0)
         self._passes += 1
         it = self._pass(first)
