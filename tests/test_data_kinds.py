@@ -332,3 +332,21 @@ def test_a_dotted_column_name_is_refused_naming_the_rename(spark, tmp_path):
     with pytest.raises(ValueError, match=r"column 'a.b' has a dot in its name.*"
                        r"withColumnRenamed\('a.b', 'a_b'\)"):  # fmt: skip
         prepare(df, features=["a.b"], label="label", cache_dir=str(tmp_path))
+
+
+def test_a_null_or_ragged_vector_is_refused_by_name_with_advice_that_works(spark, tmp_path):
+    """A null vector gave Spark's raw Py4JJavaError (vector_to_array's), without the column;
+    vectors of different sizes were told to use pad=, which refuses vectors."""
+    from pyspark.ml.linalg import Vectors, VectorUDT
+    from pyspark.sql import types as T
+
+    schema = T.StructType([T.StructField("v", VectorUDT(), True),
+                           T.StructField("label", T.IntegerType())])  # fmt: skip
+    null = spark.createDataFrame([(Vectors.dense([1.0, 2.0]), 0), (None, 1)], schema)
+    with pytest.raises(ValueError, match=r"column 'v' has 1 null rows; fill them"):
+        prepare(null, features="v", label="label", cache_dir=str(tmp_path))
+    ragged = spark.createDataFrame([(Vectors.dense([1.0, 2.0]), 0), (Vectors.dense([1.0]), 1)],
+                                   schema)  # fmt: skip
+    with pytest.raises(ValueError, match=r"column 'v' holds ML vectors of different sizes") as err:
+        prepare(ragged, features="v", label="label", cache_dir=str(tmp_path))
+    assert "pad" not in str(err.value)

@@ -276,8 +276,11 @@ def _select(
         col = F.col(name)
         if name in pad:
             col = padded(col, pad[name], fields[name].elementType)
-        if kind == "vector":
-            col = vector_to_array(col, dtype=dtype or "float64")
+        if kind == "vector":  # a null stays null (counted and refused by name below);
+            # vector_to_array itself fails on one with Spark's raw error
+            col = F.when(col.isNull(), F.lit(None)).otherwise(
+                vector_to_array(col, dtype=dtype or "float64")
+            )
         elif kind != "object" and is_floating(fields[name]):
             col = col.cast(array_type(depth, dtype or own_float(fields[name])))
         exprs.append(col.alias(name))

@@ -90,7 +90,7 @@ def column_spec(
     kind, depth = kind_depth
     if kind == "object":
         return Column(name, "object", (), 0)
-    shape = () if kind == "scalar" else _array_shape(name, depth, stats)
+    shape = () if kind == "scalar" else _array_shape(name, depth, stats, kind == "vector")
     if name in shapes:
         wanted_shape = tuple(int(s) for s in shapes[name])
         if math.prod(wanted_shape) != math.prod(shape or (1,)):
@@ -107,7 +107,9 @@ def column_spec(
     return Column(name, np_dtype, shape, depth)
 
 
-def _array_shape(name: str, depth: int, stats: dict[str, Any]) -> tuple[int, ...]:
+def _array_shape(
+    name: str, depth: int, stats: dict[str, Any], vector: bool = False
+) -> tuple[int, ...]:
     if stats[f"{name}__null_elems"]:
         raise ValueError(
             f"column {name!r} has {stats[f'{name}__null_elems']} rows with null "
@@ -116,6 +118,12 @@ def _array_shape(name: str, depth: int, stats: dict[str, Any]) -> tuple[int, ...
             f"F.coalesce(x, F.lit(0))), or filter those rows out."
         )
     lo, hi = stats[f"{name}__min"], stats[f"{name}__max"]
+    if lo != hi and vector:  # pad= pads token-id arrays, not vectors: no advice to use it
+        raise ValueError(
+            f"column {name!r} holds ML vectors of different sizes ({lo}..{hi}); a batch needs "
+            f"one size. Make them one size in Spark first (e.g. the same feature pipeline for "
+            f"every row), or filter out the rows of the other sizes."
+        )
     if lo != hi:
         raise ValueError(
             f"column {name!r} holds ragged arrays (lengths {lo}..{hi}); a batch needs "
