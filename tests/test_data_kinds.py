@@ -350,3 +350,39 @@ def test_a_null_or_ragged_vector_is_refused_by_name_with_advice_that_works(spark
     with pytest.raises(ValueError, match=r"column 'v' holds ML vectors of different sizes") as err:
         prepare(ragged, features="v", label="label", cache_dir=str(tmp_path))
     assert "pad" not in str(err.value)
+
+
+@pytest.mark.keras
+def test_a_field_of_variable_length_gives_each_batch_its_own_width(spark, tmp_path):
+    """edit_fields ("tokens", np.int64, (None,)): the transform pads each batch to its own
+    longest row, as petastorm allows; the dataset's signature leaves that axis open and a
+    finite pass never joins batches of different widths (both failed before issue 51)."""
+    from hvdrunner.petastorm.spark import SparkDatasetConverter, make_spark_converter
+
+    words = [" ".join(["w"] * (1 + i % 6)) for i in range(24)]
+    df = spark.createDataFrame([(t, i) for i, t in enumerate(words)], "text string, row long")
+
+    def tokenize(pdf):
+        ids = [np.arange(1, len(t.split()) + 1, dtype=np.int64) for t in pdf.text]
+        width = max(len(a) for a in ids)
+        return pdf.assign(tokens=[np.pad(a, (0, width - len(a))) for a in ids])
+
+    spec = TransformSpec(tokenize, edit_fields=[("tokens", np.int64, (None,), False)],
+                         selected_fields=["tokens", "row"])  # fmt: skip
+    spark.conf.set(SparkDatasetConverter.PARENT_CACHE_DIR_URL_CONF, f"file://{tmp_path}")
+    try:
+        converter = make_spark_converter(df.repartition(3))
+        with converter.make_tf_dataset(transform_spec=spec, batch_size=4, num_epochs=1,
+                                       cur_shard=0, shard_count=1) as ds:  # fmt: skip
+            assert ds.element_spec.tokens.shape.as_list() == [None, None]
+            batches = [(b.tokens.numpy(), b.row.numpy()) for b in ds]
+        rows = sorted(int(r) for _, rs in batches for r in rs)
+        assert rows == list(range(24))  # every row once
+        widths = {t.shape[1] for t, _ in batches}
+        assert len(widths) > 1, widths  # batches differ in width
+        for tokens, rs in batches:  # each row's own tokens, padded to its batch's width
+            for t, r in zip(tokens, rs, strict=True):
+                n = 1 + int(r) % 6
+                assert t[:n].tolist() == list(range(1, n + 1)) and not t[n:].any()
+    finally:
+        spark.conf.unset(SparkDatasetConverter.PARENT_CACHE_DIR_URL_CONF)

@@ -174,6 +174,14 @@ class PreparedData:
             feed = self._memory_batches(pieces, batch_size, shuffle, seed, shard, first_epoch)
             # Decoded batch by batch: what is held in memory stays the small source bytes.
             return feed if decode is None else map_ahead(decode, feed, self.workers)
+        if decode is not None and self.transform is not None and self.transform.variable_axes():
+            # Fields of variable length: decoded pieces of different widths cannot be joined
+            # into batches, so each batch is decoded alone (one width per batch).
+            feed = iter_batches(
+                self.local_path, pieces, self.columns, batch_size, shuffle, seed, shard,
+                first_epoch, self.read_ahead, passes, exact, None,
+            )  # fmt: skip
+            return map_ahead(decode, feed, self.workers)
         # Streamed: each piece decoded whole in the read-ahead threads (``workers`` at once)
         # before it is batched, as petastorm decodes a row group: fewer, larger calls.
         return iter_batches(
@@ -259,7 +267,9 @@ class PreparedData:
                 )  # fmt: skip
                 return batches if transform is None else map(transform, batches)
 
-            ds = tf_feed.generator_dataset(feed, self.structure, partial=passes is not None)
+            variable = self.transform.variable_axes() if self.transform is not None else {}
+            ds = tf_feed.generator_dataset(feed, self.structure, partial=passes is not None,
+                                           variable=variable)  # fmt: skip
         else:
             shard, count, pieces = self._shard(batch_size, cur_shard, shard_count, strict)
             if in_memory is None:

@@ -110,13 +110,14 @@ def stream_dataset(
 
 def generator_dataset(
     feed: Callable[[], Iterator[dict[str, Any]]], structure: Callable[[dict[str, Any]], Any],
-    partial: bool,
+    partial: bool, variable: dict[str, tuple[int, ...]] | None = None,
 ) -> Any:  # fmt: skip
     """A dataset of the numpy batches ``feed()`` yields (a transform's, or an evaluation
-    pass's), each as ``structure`` shapes it; ``partial``: the last batch may be smaller.
+    pass's), each as ``structure`` shapes it; ``partial``: the last batch may be smaller;
+    ``variable``: per column, the axes whose length changes from batch to batch.
 
     Its element spec is read off the first batch (binary and string columns as
-    ``tf.string``); that batch's reader is closed at once.
+    ``tf.string``; ``variable`` axes as ``None``); that batch's reader is closed at once.
     """
     import tensorflow as tf
 
@@ -130,21 +131,25 @@ def generator_dataset(
             if close is not None:
                 close()
 
-    probe = gen()
+    probe = feed()
     try:
         sample = next(probe)
     except StopIteration:  # an empty shard: nothing to evaluate here
         sample = None
     finally:
-        probe.close()
+        close = getattr(probe, "close", None)
+        if close is not None:
+            close()
     if sample is None:
         return tf.data.Dataset.from_tensors(0).take(0)
 
-    def spec(a: np.ndarray) -> Any:
-        shape = (None if partial else a.shape[0], *a.shape[1:])
+    def spec(name: str, a: np.ndarray) -> Any:
+        free = (variable or {}).get(name, ())
+        shape = [None if (i == 0 and partial) or i in free else n for i, n in enumerate(a.shape)]
         return tf.TensorSpec(shape=shape, dtype=tf_dtype(a.dtype))
 
-    return tf.data.Dataset.from_generator(gen, output_signature=tf.nest.map_structure(spec, sample))
+    signature = structure({name: spec(name, a) for name, a in sample.items()})
+    return tf.data.Dataset.from_generator(gen, output_signature=signature)
 
 
 def tf_dtype(dtype: Any) -> Any:

@@ -84,6 +84,17 @@ class TransformSpec:
         object.__setattr__(self, "selected_fields",
                            None if selected_fields is None else tuple(selected_fields))  # fmt: skip
 
+    def variable_axes(self) -> dict[str, tuple[int, ...]]:
+        """The axes of a batch (0: the rows) that vary from batch to batch: those its
+        ``edit_fields`` declare ``None`` (one length within a batch, any across batches).
+
+        Example:
+            >>> TransformSpec(edit_fields=[("tokens", np.int64, (None,), False)]).variable_axes()
+            {'tokens': (1,)}
+        """
+        return {f.name: tuple(i + 1 for i, n in enumerate(f.shape) if n is None)
+                for f in self.edit_fields if None in f.shape}  # fmt: skip
+
     def output_names(self, inputs: Sequence[str]) -> tuple[str, ...]:
         """The columns a batch has after the transform, in order (petastorm's rule: the
         selected ones; else the inputs and new edited columns, less the removed ones)."""
@@ -174,8 +185,9 @@ def _column(name: str, series: Any, want: Field) -> np.ndarray:
             )
         # Every row's type, not the first's: np.stack would widen a float64 row among
         # float32 ones, and the batch would say float32 while holding float64.
-        row = next((i for i, c in enumerate(cells) if np.asarray(c).dtype != want.dtype), None)
-        if row is not None:
+        kinds = [np.asarray(c).dtype for c in cells]
+        row = next((i for i, k in enumerate(kinds) if k != want.dtype), None)
+        if row is not None and len(set(kinds)) > 1:  # one row differs (all differ: below)
             raise ValueError(
                 f"the transform's column {name!r} has a row of {np.asarray(cells[row]).dtype} "
                 f"(row {row} of the batch); {_declared(want)} declares {want.dtype} (cast it "
@@ -188,7 +200,7 @@ def _column(name: str, series: Any, want: Field) -> np.ndarray:
                 f"the transform's column {name!r} has rows of different shapes ({exc}): a "
                 f"batch needs one"
             ) from exc
-        dtype = values.dtype if not cells else want.dtype
+        dtype = values.dtype if not cells else kinds[0]
     elif want.text is not None:
         kind = str if want.text == "str" else bytes
         bad = next((v for v in values if not isinstance(v, kind)), None)
