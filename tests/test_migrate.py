@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import difflib
 import json
+import os
 import re
 import shutil
 import stat
@@ -230,6 +231,8 @@ def test_write_keeps_mode_writes_through_links_and_refuses_read_only_files(tmp_p
     run = tmp_path / "run.py"
     run.write_text(notebook)
     run.chmod(0o750)
+    owner = (1234, 1234) if os.geteuid() == 0 else (os.getuid(), os.getgid())
+    os.chown(run, *owner)  # CI runs as root: another owner, which the rewrite must keep
     target = tmp_path / "real" / "linked.py"
     target.parent.mkdir()
     target.write_text(notebook)
@@ -238,6 +241,7 @@ def test_write_keeps_mode_writes_through_links_and_refuses_read_only_files(tmp_p
     proc = _cli(str(run), str(link), "--write")
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert stat.S_IMODE(run.stat().st_mode) == 0o750 and "hvdrunner" in run.read_text()
+    assert (run.stat().st_uid, run.stat().st_gid) == owner
     assert link.is_symlink() and "hvdrunner" in target.read_text()
     # A read-only file is refused by name, and nothing else is written either.
     locked, other = tmp_path / "locked.py", tmp_path / "other.py"
