@@ -174,20 +174,17 @@ class PreparedData:
             feed = self._memory_batches(pieces, batch_size, shuffle, seed, shard, first_epoch)
             # Decoded batch by batch: what is held in memory stays the small source bytes.
             return feed if decode is None else map_ahead(decode, feed, self.workers)
-        if decode is not None and self.transform is not None and self.transform.variable_axes():
-            # Fields of variable length: decoded pieces of different widths cannot be joined
-            # into batches, so each batch is decoded alone (one width per batch).
-            feed = iter_batches(
-                self.local_path, pieces, self.columns, batch_size, shuffle, seed, shard,
-                first_epoch, self.read_ahead, passes, exact, None,
-            )  # fmt: skip
-            return map_ahead(decode, feed, self.workers)
         # Streamed: each piece decoded whole in the read-ahead threads (``workers`` at once)
-        # before it is batched, as petastorm decodes a row group: fewer, larger calls.
-        return iter_batches(
+        # before it is batched, as petastorm decodes a row group: fewer, larger calls. Fields
+        # of variable length cannot be: decoded pieces of different widths do not join into
+        # batches, so each batch is decoded alone (one width per batch).
+        variable = self.transform is not None and bool(self.transform.variable_axes())
+        per_batch, per_piece = (decode, None) if variable else (None, decode)
+        feed = iter_batches(
             self.local_path, pieces, self.columns, batch_size, shuffle, seed, shard,
-            first_epoch, self.workers if decode else self.read_ahead, passes, exact, decode,
+            first_epoch, self.workers if per_piece else self.read_ahead, passes, exact, per_piece,
         )  # fmt: skip
+        return feed if per_batch is None else map_ahead(per_batch, feed, self.workers)
 
     def _memory_batches(
         self, pieces: list[Piece], batch_size: int, shuffle: bool, seed: int, shard: int,

@@ -189,7 +189,7 @@ def _column(name: str, series: Any, want: Field) -> np.ndarray:
         row = next((i for i, k in enumerate(kinds) if k != want.dtype), None)
         if row is not None and len(set(kinds)) > 1:  # one row differs (all differ: below)
             raise ValueError(
-                f"the transform's column {name!r} has a row of {np.asarray(cells[row]).dtype} "
+                f"the transform's column {name!r} has a row of {kinds[row]} "
                 f"(row {row} of the batch); {_declared(want)} declares {want.dtype} (cast it "
                 f"in the transform, e.g. .astype(np.{want.dtype.name}))"
             )

@@ -74,6 +74,13 @@ class Layout:
     def numels(self, index: int) -> list[int]:
         return [int(s.numel()) for s in self.shapes[index]]
 
+    def zeros(self, index: int) -> list[torch.Tensor]:
+        """Bucket ``index``'s gradients as zeros (what a joined rank sends)."""
+        device = torch.device(self.device)
+        if self.device == "cuda":  # this rank's own GPU
+            device = torch.device("cuda", torch.cuda.current_device())
+        return [torch.zeros(s, dtype=self.dtype, device=device) for s in self.shapes[index]]
+
 
 def layout_of(groups: Sequence[Sequence[torch.Tensor]], compression: Any, op: int, pre: float,
               post: float) -> Layout | None:  # fmt: skip
@@ -117,9 +124,6 @@ class Lane:
         """Every rank agreed on ``layout``: the owner's next steps take the lane."""
         self.layout = layout
 
-    def active(self, owner: object) -> bool:
-        return self.owner is owner and self.layout is not None
-
     def start(self) -> Step:
         """A step of the owner's buckets (its gradients posted as they are ready)."""
         if self.broken is not None:
@@ -134,26 +138,26 @@ class Lane:
         layout = self.layout
         while True:
             step = Step(self, layout, stepping=False)
-            step.post(0, [torch.zeros(s, dtype=layout.dtype, device=_device(layout))
-                          for s in layout.shapes[0]])  # fmt: skip
+            step.post(0, layout.zeros(0))
             step.wait(0)
             if step.stepped == 0:
                 return
             self.steps += 1
             for index in range(1, len(layout.shapes)):
-                step.post(index, [torch.zeros(s, dtype=layout.dtype, device=_device(layout))
-                                  for s in layout.shapes[index]])  # fmt: skip
+                step.post(index, layout.zeros(index))
             step.finish()
 
     def wait(self, work: Any, cuda: bool) -> None:
         """Until ``work`` ends; after ``STALL_S`` the negotiator's deadlock watch counts
         this rank as waiting (and its verdict ends the wait here too). NCCL's work is waited
         for whole: its timed waits may abort the communicator, and its watchdog bounds it."""
-        if cuda or self._waited(work, STALL_S):
+        if cuda:
             self._waited(work, None)
             return
+        if self._waited(work, STALL_S):
+            return
         seen = self._negotiator.deadlocks
-        with self._negotiator.stalled():
+        with self._negotiator.waiting(on_lane=True):
             while not self._waited(work, _SLICE_S):
                 if self._negotiator.deadlocks != seen:  # the cause, before what follows
                     self.broken = (
@@ -181,12 +185,6 @@ class Lane:
             raise HorovodInternalError(
                 f"gradient allreduce failed: {exc} (a peer rank probably died, left or shut down)"
             ) from exc
-
-
-def _device(layout: Layout) -> torch.device:
-    if layout.device == "cuda":
-        return torch.device("cuda", torch.cuda.current_device())
-    return torch.device(layout.device)
 
 
 class Step:

@@ -296,32 +296,22 @@ class Negotiator:
             request.handle.fail(error)
 
     @contextlib.contextmanager
-    def waiting(self) -> Iterator[None]:
-        """Around a caller blocked on one of this set's requests (the deadlock watch)."""
+    def waiting(self, on_lane: bool = False) -> Iterator[None]:
+        """Around a caller blocked on one of this set's requests (the deadlock watch).
+        ``on_lane``: blocked a while on the gradient lane (engine.lane), which has no request
+        here, so this rank also takes part in rounds: the watch sees it when a peer waits on
+        a collective this rank never makes."""
+        lane = int(on_lane)
         with self._lock:
             self._waiting += 1
+            self._stalled += lane
             self._lock.notify_all()
         try:
             yield
         finally:
             with self._lock:
                 self._waiting -= 1
-
-    @contextlib.contextmanager
-    def stalled(self) -> Iterator[None]:
-        """Around a caller blocked a while on the gradient lane (engine.lane), which has no
-        request here: this rank takes part in rounds and counts as waiting, so the deadlock
-        watch sees it (a peer blocked on a collective this rank never makes)."""
-        with self._lock:
-            self._waiting += 1
-            self._stalled += 1
-            self._lock.notify_all()
-        try:
-            yield
-        finally:
-            with self._lock:
-                self._waiting -= 1
-                self._stalled -= 1
+                self._stalled -= lane
 
     def _run_ready(self) -> bool:
         joined = frozenset(self._joined)

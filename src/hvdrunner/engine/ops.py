@@ -314,15 +314,16 @@ def join(device: int = -1) -> int:
     handle = Handle("join")
     state.negotiator_of(0).join(handle)
     lane = state.current().lane
-    on_lane = lane is not None and lane.layout is not None
+    if lane is not None and lane.layout is None:
+        lane = None  # not taken by any optimizer: nothing to serve there
     try:
-        if lane is not None and on_lane:
+        if lane is not None:
             joined_at = lane.steps
             lane.serve_joined()  # the others' optimizer steps on the lane get zeros too
         last = int(handle.wait())
     except RuntimeError as exc:
         raise HorovodInternalError(str(exc)) from exc
-    if on_lane:
+    if lane is not None:
         # Steps on the lane pass no negotiation round, so the rounds cannot tell who
         # joined last; the lane's step count at each rank's join() can.
         at = synchronize(allgather_async(torch.tensor([joined_at]), name="hvdrunner.join.steps"))

@@ -33,7 +33,7 @@ import torch
 from hvdrunner.engine import ops, state
 from hvdrunner.engine.compression import Compression, Compressor
 from hvdrunner.engine.grouping import AUTO, buckets, check_groups, parameter_names
-from hvdrunner.engine.lane import OPS, Lane, Step, layout_of
+from hvdrunner.engine.lane import Lane, Step, layout_of
 from hvdrunner.engine.ops import ADASUM, ADASUM_REFUSED, AVERAGE, SUM, synchronize
 from hvdrunner.engine.process_sets import ProcessSet, global_process_set
 
@@ -214,9 +214,8 @@ class _Distributed(torch.optim.Optimizer):
             for group, count in list(self._group_counts.items()):
                 if count != -1:  # backward did not complete it here: it goes now
                     self._submit_group(group)
-            step, self._lane_step = self._lane_step, None
-            assert step is not None
-            results = step.finish()
+            assert self._lane_step is not None
+            results = self._lane_step.finish()
         finally:
             self._lane_step = None
             self._handles.clear()  # the passes' placeholders (backward_passes_per_step > 1)
@@ -237,11 +236,7 @@ class _Distributed(torch.optim.Optimizer):
         if lane is None or not lane.claim(self):
             self._lane_offer = False
             return
-        layout = None
-        if self.op in OPS and self._groups is not None:
-            layout = layout_of(
-                list(self._group_counts), self._compression, self.op, *self._scales()
-            )
+        layout = layout_of(list(self._group_counts), self._compression, self.op, *self._scales())
         fp = layout.fingerprint() if layout is not None else 0
         got = synchronize(ops.allreduce_async(torch.tensor([1, fp], dtype=torch.int64), op=SUM,
                                               name=LANE_OFFER, process_set=self.process_set))  # fmt: skip

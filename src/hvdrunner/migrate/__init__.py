@@ -86,6 +86,7 @@ def migrate_ipynb(text: str, path: str) -> Report:
     if not isinstance(nb, dict) or not isinstance(nb.get("cells"), list):
         raise ValueError("not a notebook: its JSON has no list of cells")
     report = Report(path, text)
+    changed = []
     for number, cell in enumerate(nb["cells"], start=1):
         if not isinstance(cell, dict) or cell.get("cell_type") != "code":
             continue
@@ -96,21 +97,23 @@ def migrate_ipynb(text: str, path: str) -> Report:
         if done.rewritten:
             report.rewritten += done.rewritten
             new = "".join(done.lines)
-            cell["source"] = new.splitlines(True) if isinstance(source, list) else new
-    if report.rewritten:
-        layout = _layout(text)
-        if layout is None:
-            layout = {"indent": 1, "ensure_ascii": False, "sort_keys": False, "end": "\n"}
-            report.notes.append("its JSON layout is not one this tool reproduces: the file is "
-                                "written with Jupyter's (one-space indent)")  # fmt: skip
-        end = layout.pop("end")
-        report.text = json.dumps(nb, **layout) + end
+            changed.append((cell, new.splitlines(True) if isinstance(source, list) else new))
+    if not changed:
+        return report
+    layout = _layout(nb, text)  # read off the notebook as it was, before the changes
+    if layout is None:
+        layout = {"indent": 1, "ensure_ascii": False, "sort_keys": False, "end": "\n"}
+        report.notes.append("its JSON layout is not one this tool reproduces: the file is "
+                            "written with Jupyter's (one-space indent)")  # fmt: skip
+    for cell, source in changed:
+        cell["source"] = source
+    end = layout.pop("end")
+    report.text = json.dumps(nb, **layout) + end
     return report
 
 
-def _layout(text: str) -> dict[str, Any] | None:
-    """The ``json.dumps`` settings that write ``text`` back byte for byte, if any do."""
-    nb = json.loads(text)
+def _layout(nb: Any, text: str) -> dict[str, Any] | None:
+    """The ``json.dumps`` settings that write ``nb`` back as ``text`` byte for byte, if any do."""
     for indent in (1, 2, 4, None):
         for sort_keys in (False, True):
             for ensure_ascii in (False, True):
@@ -123,13 +126,30 @@ def _layout(text: str) -> dict[str, Any] | None:
     return None
 
 
+def migrate_source(text: str, path: str) -> Report:
+    """One notebook's text, by the kind its ``path`` names (``.ipynb``, else Python)."""
+    return migrate_ipynb(text, path) if path.endswith(".ipynb") else migrate_text(text, path)
+
+
+def as_text(raw: bytes) -> str:
+    """A notebook file's bytes as text, newlines as Python's text mode reads them
+    (``UnicodeDecodeError`` when they are not UTF-8)."""
+    return raw.decode("utf-8").replace("\r\n", "\n").replace("\r", "\n")
+
+
 def migrate_file(path: str) -> tuple[str, Report]:
     """``(before, report)`` for one notebook file (``.py`` or ``.ipynb``), read as UTF-8."""
-    with open(path, encoding="utf-8") as f:
-        before = f.read()
-    if path.endswith(".ipynb"):
-        return before, migrate_ipynb(before, path)
-    return before, migrate_text(before, path)
+    with open(path, "rb") as f:
+        before = as_text(f.read())
+    return before, migrate_source(before, path)
 
 
-__all__ = ["Finding", "Report", "migrate_file", "migrate_ipynb", "migrate_text"]
+__all__ = [
+    "Finding",
+    "Report",
+    "as_text",
+    "migrate_file",
+    "migrate_ipynb",
+    "migrate_source",
+    "migrate_text",
+]

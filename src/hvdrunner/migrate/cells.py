@@ -101,18 +101,16 @@ def _plan(node: ast.Import | ast.ImportFrom) -> list[tuple[str, str | None, str,
     """``(module, rewrite it to, why, (what, fix) if reported)`` for each watched module."""
     if isinstance(node, ast.ImportFrom):
         module = node.module or ""
-        if node.level or not rules.watched(module):
+        if node.level:
             return []
         drop = rules.FROM.get(module)
         names = {a.name for a in node.names}
         if drop is not None and (drop.names is None or names <= drop.names):
             return [(module, drop.to, drop.what, None)]
-        if module.split(".")[0] not in ("sparkdl", "horovod"):
-            return []  # petastorm's other names: its readers are reported by line
-        return [(module, None, "", rules.no_drop_in(module))]
+        return [(module, None, "", rules.no_drop_in(module))] if rules.reported(module) else []
     planned: list[tuple[str, str | None, str, tuple[str, str] | None]] = []
     for alias in node.names:
-        if not rules.watched(alias.name) or alias.name.split(".")[0] == "petastorm":
+        if not rules.reported(alias.name):
             continue
         drop = rules.IMPORT_AS.get(alias.name) if alias.asname else None
         if drop is not None:

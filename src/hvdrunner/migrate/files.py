@@ -22,7 +22,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from hvdrunner._console import say
-from hvdrunner.migrate import Report, migrate_file
+from hvdrunner.migrate import Finding, Report, as_text, migrate_source
 
 SUFFIXES = (".py", ".ipynb")
 
@@ -61,14 +61,14 @@ def plan(path: str, write: bool) -> Planned:
     if b"\0" in raw:
         raise ValueError("a binary file, not a notebook")
     try:
-        raw.decode("utf-8")
+        before = as_text(raw)
     except UnicodeDecodeError as exc:
         raise ValueError(
             f"not UTF-8 text (byte 0x{raw[exc.start]:02x} at offset {exc.start}): save it as "
             f"UTF-8 first"
         ) from None
     try:
-        before, report = migrate_file(path)
+        report = migrate_source(before, path)
     except json.JSONDecodeError as exc:
         raise ValueError(
             f"not a valid .ipynb (its JSON breaks at line {exc.lineno}, column {exc.colno}: "
@@ -109,9 +109,10 @@ def write(path: str, text: str) -> None:
         raise
 
 
-def _where(path: str, finding: object) -> str:
-    cell, line = getattr(finding, "cell", None), getattr(finding, "line", 0)
-    return f"{path}: cell {cell}, line {line}" if cell is not None else f"{path}:{line}"
+def _where(path: str, finding: Finding) -> str:
+    if finding.cell is not None:
+        return f"{path}: cell {finding.cell}, line {finding.line}"
+    return f"{path}:{finding.line}"
 
 
 def main(argv: Sequence[str] | None = None) -> int:
