@@ -1,6 +1,7 @@
 # Databricks notebook source
 # MAGIC %md
 # MAGIC # 01 · Prepare data
+# MAGIC Opened by hand: install hvdrunner first (the next cell says how, docs/install.md); 01 → 02 → 03 then run with their defaults, each finding what the previous one wrote.
 # MAGIC Loads the training data into a Spark DataFrame, splits it into train and test, writes
 # MAGIC both (Delta on Databricks, Parquet locally) and passes their paths on as task values.
 # MAGIC
@@ -14,17 +15,21 @@
 
 # COMMAND ----------
 
-# hvdrunner and its horovod wheel: the bundle's jobs attach them as task libraries. A
-# notebook imported by hand needs them installed first (docs/install.md): a cell above with
-#   %pip install /Volumes/<catalog>/<schema>/hvdrunner/wheels/<runtime>/*.whl
-# then dbutils.library.restartPython(), or both wheels as cluster libraries.
+# hvdrunner on this cluster: the bundle's jobs attach it as a task library. Opened by hand,
+# install it first in a cell above this one (docs/install.md), then run the notebook:
+#   Keras on TensorFlow - the wheels hvdrunner_build_horovod publishes once per runtime:
+#     %pip install -r /Volumes/<catalog>/<schema>/hvdrunner/wheels/<runtime>/requirements.txt
+#     dbutils.library.restartPython()
+#   PyTorch, Keras on PyTorch - hvdrunner's wheel alone, nothing compiled:
+#     %pip install /Volumes/<catalog>/<schema>/hvdrunner/hvdrunner-0.2.0-py3-none-any.whl
+#     dbutils.library.restartPython()
+# then check it in a Python cell: import hvdrunner.doctor; hvdrunner.doctor.check()
 try:
     import hvdrunner
 except ImportError as exc:
     raise ImportError(
-        "hvdrunner is not installed on this cluster: install the wheels hvdrunner_build_horovod "
-        "published (%pip install /Volumes/<catalog>/<schema>/hvdrunner/wheels/<runtime>/*.whl, "
-        "then dbutils.library.restartPython()), or attach them as cluster libraries"
+        "hvdrunner is not installed on this cluster: install it in a cell above with the "
+        "%pip line this cell's comment gives for your framework (docs/install.md)"
     ) from exc
 
 # COMMAND ----------

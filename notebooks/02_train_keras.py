@@ -1,6 +1,7 @@
 # Databricks notebook source
 # MAGIC %md
 # MAGIC # 02 · Train a Keras model on Horovod ranks
+# MAGIC Opened by hand: install hvdrunner first (the next cell says how, docs/install.md); 01 → 02 → 03 then run with their defaults, each finding what the previous one wrote.
 # MAGIC Feeds the training split to `np` Horovod ranks (Spark barrier tasks, one GPU each on a
 # MAGIC GPU cluster) through `hvdrunner.keras.fit`, inside one MLflow run written by rank 0:
 # MAGIC params, metrics averaged over ranks, the model. Edit `build_model` below; everything
@@ -18,7 +19,7 @@
 # MAGIC | `max_restarts` | restarts of a failed job inside this task (a lost node, a killed rank), resuming from the checkpoint | `1` |
 # MAGIC | `registered_model_name` | register the model (Unity Catalog: `<catalog>.<schema>.<model>`; empty: log only) | `` |
 # MAGIC | `cache_dir` | where the DataFrame is materialized for the ranks (every node must see it) | `/Volumes/<current catalog>/<current schema>/hvdrunner/cache` on Databricks, `./.hvdrunner/cache` elsewhere |
-# MAGIC | `train_path` | training data (empty: task value of `prepare_data`; set it when running by hand) | `` |
+# MAGIC | `train_path` | training data (empty: task value of `prepare_data`; by hand, what 01 wrote with its defaults) | `` |
 # MAGIC | `keras_backend` | Keras 3's backend: `tensorflow` or `torch` (Keras on PyTorch, no TensorFlow needed; docs/keras.md); empty: Keras' own choice (`KERAS_BACKEND`, else TensorFlow) | `` |
 # MAGIC | `feed` | `prepare`: `hvdrunner.data.prepare`; `petastorm`: a Petastorm-style converter (`hvdrunner.petastorm.spark.make_spark_converter`, `cache_dir` as its parent cache dir; docs/petastorm.md) | `prepare` |
 # MAGIC
@@ -26,17 +27,21 @@
 
 # COMMAND ----------
 
-# hvdrunner and its horovod wheel: the bundle's jobs attach them as task libraries. A
-# notebook imported by hand needs them installed first (docs/install.md): a cell above with
-#   %pip install /Volumes/<catalog>/<schema>/hvdrunner/wheels/<runtime>/*.whl
-# then dbutils.library.restartPython(), or both wheels as cluster libraries.
+# hvdrunner on this cluster: the bundle's jobs attach it as a task library. Opened by hand,
+# install it first in a cell above this one (docs/install.md), then run the notebook:
+#   Keras on TensorFlow - the wheels hvdrunner_build_horovod publishes once per runtime:
+#     %pip install -r /Volumes/<catalog>/<schema>/hvdrunner/wheels/<runtime>/requirements.txt
+#     dbutils.library.restartPython()
+#   PyTorch, Keras on PyTorch - hvdrunner's wheel alone, nothing compiled:
+#     %pip install /Volumes/<catalog>/<schema>/hvdrunner/hvdrunner-0.2.0-py3-none-any.whl
+#     dbutils.library.restartPython()
+# then check it in a Python cell: import hvdrunner.doctor; hvdrunner.doctor.check()
 try:
     import hvdrunner
 except ImportError as exc:
     raise ImportError(
-        "hvdrunner is not installed on this cluster: install the wheels hvdrunner_build_horovod "
-        "published (%pip install /Volumes/<catalog>/<schema>/hvdrunner/wheels/<runtime>/*.whl, "
-        "then dbutils.library.restartPython()), or attach them as cluster libraries"
+        "hvdrunner is not installed on this cluster: install it in a cell above with the "
+        "%pip line this cell's comment gives for your framework (docs/install.md)"
     ) from exc
 
 # COMMAND ----------
@@ -91,9 +96,11 @@ from hvdrunner.notebook import upstream
 from hvdrunner.petastorm.spark import SparkDatasetConverter, make_spark_converter
 
 w = dbutils.widgets.get
-train_path = upstream(dbutils, "train_path", "prepare_data")
+# By hand (no task values): what 01 wrote with its default output_dir.
+train_path = upstream(dbutils, "train_path", "prepare_data", by_hand=lambda: datasets.written(default_dir("data"), "train"))
 run_key = w("run_key") or None
-checkpoint_dir = w("checkpoint_dir") or (f"{default_dir('checkpoints')}/{run_key}" if run_key else None)
+# Default: checkpoints/<run_key> beside cache_dir (a job's retry resumes from them).
+checkpoint_dir = w("checkpoint_dir") or (f"{os.path.dirname(w('cache_dir').rstrip('/'))}/checkpoints/{run_key}" if run_key else None)
 with tracking.mlflow_run(experiment=w("experiment"), run_name=f"np{w('np')}", resume_key=run_key) as run:
     df = datasets.read(spark, train_path)
     if w("feed") == "petastorm":  # as Databricks' Petastorm notebooks make their input

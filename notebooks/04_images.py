@@ -1,6 +1,7 @@
 # Databricks notebook source
 # MAGIC %md
 # MAGIC # 04 · Images: JPEG files to a table, decoded on the ranks, a model, scored images
+# MAGIC Opened by hand: install hvdrunner first (the next cell says how, docs/install.md).
 # MAGIC Databricks' image recipe end to end: image files (`<class>/<image>.jpg`) read with
 # MAGIC Spark's `binaryFile` source into a table (Delta on Databricks, Parquet here) of JPEG
 # MAGIC bytes and an indexed label; `prepare()` caches the bytes as they are; each rank decodes
@@ -24,18 +25,21 @@
 
 # COMMAND ----------
 
-
-# hvdrunner and its horovod wheel: the bundle's jobs attach them as task libraries. A
-# notebook imported by hand needs them installed first (docs/install.md): a cell above with
-#   %pip install /Volumes/<catalog>/<schema>/hvdrunner/wheels/<runtime>/*.whl
-# then dbutils.library.restartPython(), or both wheels as cluster libraries.
+# hvdrunner on this cluster: the bundle's jobs attach it as a task library. Opened by hand,
+# install it first in a cell above this one (docs/install.md), then run the notebook:
+#   Keras on TensorFlow - the wheels hvdrunner_build_horovod publishes once per runtime:
+#     %pip install -r /Volumes/<catalog>/<schema>/hvdrunner/wheels/<runtime>/requirements.txt
+#     dbutils.library.restartPython()
+#   PyTorch, Keras on PyTorch - hvdrunner's wheel alone, nothing compiled:
+#     %pip install /Volumes/<catalog>/<schema>/hvdrunner/hvdrunner-0.2.0-py3-none-any.whl
+#     dbutils.library.restartPython()
+# then check it in a Python cell: import hvdrunner.doctor; hvdrunner.doctor.check()
 try:
     import hvdrunner
 except ImportError as exc:
     raise ImportError(
-        "hvdrunner is not installed on this cluster: install the wheels hvdrunner_build_horovod "
-        "published (%pip install /Volumes/<catalog>/<schema>/hvdrunner/wheels/<runtime>/*.whl, "
-        "then dbutils.library.restartPython()), or attach them as cluster libraries"
+        "hvdrunner is not installed on this cluster: install it in a cell above with the "
+        "%pip line this cell's comment gives for your framework (docs/install.md)"
     ) from exc
 
 # COMMAND ----------

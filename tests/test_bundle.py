@@ -25,6 +25,8 @@ USER = "first.last@example.com"
 WHEEL = re.compile(r"horovod-0\.28\.1-(cp3\d+)-\1-linux_x86_64\.whl")
 #: What a user passes (BUNDLE_VAR_catalog / --var): catalog and schema have no default.
 VALUES = {"catalog": "ml", "schema": "team_a"}
+#: prod runs as a service principal (--var service_principal=<application-id>).
+SP = "6f1c2d3e-0000-4000-8000-000000000001"
 CHECK = ROOT / "scripts" / "databricks" / "check_wheel.py"
 _spec = importlib.util.spec_from_file_location("check_wheel", CHECK)
 assert _spec and _spec.loader
@@ -33,7 +35,8 @@ _spec.loader.exec_module(check_wheel)
 
 
 def _resolved(name: str) -> dict:
-    return bundle.target(ROOT, name, USER, VALUES)
+    values = VALUES | {"service_principal": SP} if name == "prod" else VALUES
+    return bundle.target(ROOT, name, USER, values)
 
 
 def _strings(value):
@@ -73,9 +76,9 @@ def test_every_target_resolves_and_passes_the_clis_mode_rules(name):
     for text in _strings(config["resources"]):
         assert "${" not in text, f"unresolved reference in {text!r}"
         assert "/Workspace/Workspace" not in text, text
-    assert config["workspace"]["file_path"] == (
-        f"/Workspace/Users/{USER}/.bundle/hvdrunner/{name}/files"
-    )
+    assert bundle.run_as_problems(config) == []
+    owner = "Shared" if name == "prod" else f"Users/{USER}"  # prod: one copy, whoever deploys
+    assert config["workspace"]["file_path"] == f"/Workspace/{owner}/.bundle/hvdrunner/{name}/files"
 
 
 def test_the_helper_catches_the_doubled_workspace_prefix_and_the_prod_root_rule():
@@ -91,6 +94,7 @@ def test_the_helper_catches_the_doubled_workspace_prefix_and_the_prod_root_rule(
     assert rewritten == f"/Workspace/Users/{USER}/.bundle/hvdrunner/dev/files"
     raw = bundle.load(ROOT)
     del raw["targets"]["prod"]["workspace"]
+    del raw["targets"]["prod"]["run_as"]
     prod = bundle.resolve(bundle.select(raw, "prod", USER, VALUES))
     assert bundle.mode_diagnostics(prod)[0][0] == "error"
     assert bundle.mode_diagnostics(prod, service_principal=True)[0][0] == "recommendation"
@@ -119,7 +123,7 @@ def test_catalog_and_schema_are_required_and_every_volume_path_derives_from_them
     variables = {k: v["default"] for k, v in config["variables"].items()}
     volume = "/Volumes/ml/team_a/hvdrunner"
     assert variables["storage_root"].startswith(volume)
-    assert variables["wheel_dir"] == variables["storage_root"] + "/wheels"
+    assert variables["wheel_dir"] == volume + "/wheels"  # one folder per runtime, every target
     paths = [t for t in _strings(config["resources"]) if "/Volumes/" in t]
     assert paths and all(volume in p for p in paths), paths
     text = "".join(
@@ -223,7 +227,11 @@ def test_the_training_job_installs_the_wheel_the_build_job_writes(name):
         train = _job(config, job)
         cluster = train["job_clusters"][0]["new_cluster"]
         assert "init_scripts" not in cluster  # nothing installs at cluster start any more
-        assert cluster["single_user_name"] == variables["cluster_user"] == USER
+        assert (
+            cluster["single_user_name"]
+            == variables["cluster_user"]
+            == (SP if name == "prod" else USER)
+        )
         libs = [lib["whl"] for lib in _task(train, task_key)["libraries"] if "whl" in lib]
         horovod = [lib for lib in libs if "horovod" in lib]
         if not _needs_horovod(name, job):
@@ -243,7 +251,7 @@ def test_the_training_job_installs_the_wheel_the_build_job_writes(name):
 
 def test_production_identity_and_node_types_are_variables():
     raw = bundle.load(ROOT)
-    assert raw["targets"]["prod"]["workspace"]["root_path"].startswith("/Workspace/Users/")
+    assert raw["targets"]["prod"]["workspace"]["root_path"].startswith("/Workspace/Shared/")
     text = (ROOT / "databricks.yml").read_text()
     for cloud_node in ("g5.xlarge", "Standard_NC4as_T4_v3", "g2-standard-4"):
         assert cloud_node in text  # AWS, Azure, GCP documented beside the variable

@@ -71,10 +71,12 @@ def test_the_job_publishes_a_cached_wheel_offline_and_every_node_installs_it(tmp
     # user runs in a cluster they already have.
     (ours,) = volume.glob("hvdrunner-*-py3-none-any.whl")
     requirements = volume / "requirements.txt"
+    # ... and the TensorFlow it was built against (no --requires: the installed version).
+    tf = info["frameworks"]["tensorflow"]
     assert [ln for ln in requirements.read_text().splitlines() if not ln.startswith("#")] == [
-        str(ours), str(wheel)]  # fmt: skip
+        str(ours), str(wheel), f"tensorflow=={tf}"]  # fmt: skip
     assert f"%pip install -r {requirements}" in proc.stdout
-    assert "python -m hvdrunner doctor" in proc.stdout
+    assert "hvdrunner.doctor.check()" in proc.stdout  # a Python cell: the notebook's own env
     again, second = _job(python, volume, cache)
     assert again.returncode == 0 and "already built for" in again.stdout, again.stderr
     # A training node: the task library is pip with the wheel file (offline), then a check.

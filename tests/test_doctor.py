@@ -128,7 +128,13 @@ def test_keras_3_without_tensorflow_needs_the_torch_backend():
     good = evaluate_stack(keras_on_torch, env={"KERAS_BACKEND": "torch"})
     assert not _failed(good)
     assert "backend torch" in next(c for c in good if c.name == "Keras generation").detail
-    for env in ({}, {"KERAS_BACKEND": "jax"}):  # Keras' default (tensorflow) is not installed
+    # A PyTorch user's environment with Keras beside it passes: the setting is advice.
+    advice = evaluate_stack(keras_on_torch, env={})
+    assert not _failed(advice)
+    (keras,) = [c for c in advice if c.name == "Keras generation"]
+    assert keras.ok is None and not keras.required and "KERAS_BACKEND=torch" in keras.detail
+    # A backend named that is not installed fails (Keras' default, tensorflow, is absent).
+    for env in ({"KERAS_BACKEND": "jax"}, {"KERAS_BACKEND": "tensorflow"}):
         failed = _failed(evaluate_stack(keras_on_torch, env=env))
         assert [c.name for c in failed] == ["Keras generation"]
         assert "KERAS_BACKEND=torch" in failed[0].fix

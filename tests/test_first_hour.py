@@ -18,6 +18,7 @@ from pathlib import Path
 
 import pytest
 
+from hvdrunner import _paths
 from hvdrunner.notebook import default_dir, default_experiment, storage_root
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -35,14 +36,19 @@ def test_databricks_defaults_come_from_the_session_and_the_user(spark, monkeypat
     catalog, schema = spark.catalog.currentCatalog(), spark.catalog.currentDatabase()
     user = spark.sql("SELECT current_user()").first()[0]
     volume = tmp_path / "Volumes" / catalog / schema / "hvdrunner"
+    # A default is only a string until it is used: a job that passes its own folders while
+    # the current schema has no volume hears nothing.
     with caplog.at_level(logging.WARNING, logger="hvdrunner"):
         assert default_dir("cache") == f"{volume}/cache"
-    assert f"CREATE VOLUME {catalog}.{schema}.hvdrunner" in caplog.text  # missing: the fix
-    caplog.clear()
-    volume.mkdir(parents=True)
-    with caplog.at_level(logging.WARNING, logger="hvdrunner"):
         assert storage_root() == str(volume)
     assert caplog.text == ""
+    # Writing into a volume that does not exist names the statement that creates it.
+    monkeypatch.setattr(_paths, "VOLUMES_MOUNT", str(tmp_path / "Volumes"))
+    (tmp_path / "Volumes").mkdir()
+    with pytest.raises(ValueError, match=f"CREATE VOLUME {catalog}.{schema}.hvdrunner"):
+        _paths.ensure_writable(f"{volume}/cache")
+    volume.mkdir(parents=True)
+    _paths.ensure_writable(f"{volume}/cache")
     assert default_experiment("hvdrunner-digits") == f"/Users/{user}/hvdrunner-digits"
     monkeypatch.delenv("DATABRICKS_RUNTIME_VERSION")
     assert default_experiment("hvdrunner-digits") == "hvdrunner-digits"

@@ -131,15 +131,12 @@ def test_jobs_load_with_databricks_bundles_and_match_the_notebooks(name, framewo
     "framework,feed,backend",
     [
         # Each Keras generation once: lts with the Petastorm-style feed (02's feed widget),
-        # modern with prepare(); Keras 3 on PyTorch where TensorFlow is absent (the torch
-        # stack, `make demo STACK=torch`), its backend also named by 02's widget.
+        # modern with prepare() (`make demo`). The PyTorch job and Keras 3 on PyTorch run as
+        # the bundle's jobs in tests/test_workspace.py (the torch stack).
         pytest.param("keras", "prepare", None,
                      marks=[pytest.mark.keras, pytest.mark.stacks("modern")]),
         pytest.param("keras", "petastorm", None,
                      marks=[pytest.mark.keras, pytest.mark.stacks("lts")]),
-        pytest.param("keras", None, "torch", marks=[pytest.mark.keras, pytest.mark.keras_torch,
-                                                     pytest.mark.stacks("torch")]),
-        pytest.param("torch", None, None, marks=pytest.mark.torch),
     ],
 )  # fmt: skip
 def test_the_three_notebooks_run_as_a_local_job(tmp_path, framework, feed, backend):

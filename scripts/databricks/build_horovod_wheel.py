@@ -19,8 +19,12 @@ nodes nvcc and NCCL's headers, pinned to the node's CUDA and NCCL: gpu_toolchain
 (``install_horovod.sh --wheel``, which installs and checks it here); copy it to --out under a
 temporary name and rename it into place (a reader never sees half a wheel; two builds of the
 same key write the same bytes), with ``<wheel>.json`` beside it saying what it was built
-for. An --out wheel whose recorded key matches is kept (seconds) unless --rebuild.
-Every failure exits non-zero with the cause and the fix.
+for: the build key, the GPU architectures its CUDA kernels were compiled for (--cuda-archs,
+``all`` by default in the bundle) and the framework versions it was built against. An --out
+wheel whose recorded key matches is kept (seconds) unless ``--rebuild true``.
+``requirements.txt`` pins the TensorFlow the wheel was built against (--requires, the pip
+spec the Keras task installs; else the installed version), so ``%pip install -r`` brings
+the same one. Every failure exits non-zero with the cause and the fix.
 """
 
 from __future__ import annotations
@@ -31,6 +35,7 @@ import glob
 import hashlib
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -146,13 +151,52 @@ def _atomic_copy(src: str, dest: str) -> None:
             os.remove(tmp)
 
 
-def _publish(wheel: str, out: str, key: str) -> str:
+def cuda_archs(key: str) -> list[str]:
+    """The compute capabilities a build key names (``...-sm75.80.86-...`` -> 75, 80, 86);
+    [] for a CPU build."""
+    match = re.search(r"-sm(\d+(?:\.\d+)*)(?:-|$)", key)
+    return match.group(1).split(".") if match else []
+
+
+def _installed(python: str, dist: str, env: dict[str, str]) -> str | None:
+    """``dist``'s version in ``python``'s environment (the one horovod is built against)."""
+    code = f"import importlib.metadata as m\ntry: print(m.version({dist!r}))\nexcept m.PackageNotFoundError: pass"
+    proc = subprocess.run([python, "-c", code], env=env, capture_output=True, text=True)
+    return proc.stdout.strip() or None
+
+
+def pinned_version(spec: str) -> str | None:
+    """``tensorflow[and-cuda]==2.21.0`` -> ``2.21.0``; None without an exact pin."""
+    match = re.fullmatch(r"\s*[A-Za-z0-9_.-]+(?:\[[^]]*\])?\s*==\s*([^\s;,]+)\s*", spec)
+    return match.group(1) if match else None
+
+
+def _frameworks(python: str, env: dict[str, str], requires: str | None) -> dict[str, str]:
+    """The framework versions the wheel is built against; --requires must name the installed
+    TensorFlow (the Keras task installs that spec: a wheel built against another fails)."""
+    found = {d: v for d in ("tensorflow", "torch") if (v := _installed(python, d, env))}
+    if requires:
+        want = pinned_version(requires)
+        if want is None:
+            raise BuildError(f"--requires {requires!r} must pin one version (name==X.Y.Z)")
+        if found.get("tensorflow") != want:
+            raise BuildError(
+                f"--requires {requires} but this interpreter has tensorflow "
+                f"{found.get('tensorflow') or 'not installed'}: attach {requires} to the build "
+                "task as a library (the bundle's dev and prod targets do)"
+            )
+    return found
+
+
+def _publish(wheel: str, out: str, key: str, frameworks: dict[str, str]) -> str:
     dest = os.path.join(out, os.path.basename(wheel))
     _atomic_copy(wheel, dest)
     info = {
         "key": key,
         "sha256": _sha256(dest),
         "runtime": os.environ.get("DATABRICKS_RUNTIME_VERSION", "not Databricks"),
+        "cuda_archs": cuda_archs(key),
+        "frameworks": frameworks,
         "built_at": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
     }
     with tempfile.NamedTemporaryFile("w", dir=out, prefix=".meta-", delete=False) as f:
@@ -176,13 +220,16 @@ def _hvdrunner_wheel(src: str, python: str, out: str, env: dict[str, str]) -> st
     return dest
 
 
-def _requirements(out: str, wheels: list[str]) -> str:
-    """``out``/requirements.txt naming both wheels: what one ``%pip install -r`` installs."""
+def _requirements(out: str, wheels: list[str], framework: str | None) -> str:
+    """``out``/requirements.txt naming both wheels and the TensorFlow they were built against:
+    what one ``%pip install -r`` installs."""
     path = os.path.join(out, "requirements.txt")
     runtime = os.environ.get("DATABRICKS_RUNTIME_VERSION", "this runtime")
+    pins = [framework] if framework else []
     text = (
-        f"# hvdrunner and the horovod it runs on, built for Databricks Runtime {runtime} by\n"
-        f"# hvdrunner_build_horovod: %pip install -r {path}\n" + "".join(f"{w}\n" for w in wheels)
+        f"# hvdrunner, the horovod it runs on and the TensorFlow horovod was built against, for\n"
+        f"# Databricks Runtime {runtime}, by hvdrunner_build_horovod: %pip install -r {path}\n"
+        + "".join(f"{line}\n" for line in [*wheels, *pins])
     )
     with tempfile.NamedTemporaryFile("w", dir=out, prefix=".req-", delete=False) as f:
         f.write(text)
@@ -190,8 +237,8 @@ def _requirements(out: str, wheels: list[str]) -> str:
     return path
 
 
-def build(args: argparse.Namespace) -> str:
-    """Build or reuse the horovod wheel; returns its published path."""
+def build(args: argparse.Namespace) -> tuple[str, dict[str, str]]:
+    """Build or reuse the horovod wheel; returns its published path and the frameworks."""
     builder = _builder(args.src)
     _writable(args.out)
     python = args.python or (
@@ -200,20 +247,23 @@ def build(args: argparse.Namespace) -> str:
     env = dict(
         os.environ, PYTHON=python, HVDRUNNER_WHEEL_CACHE=args.cache, HVDRUNNER_HOROVOD_GPU=args.gpu
     )
+    if args.cuda_archs:
+        env["HVDRUNNER_CUDA_ARCHS"] = args.cuda_archs
     # The interpreter's own bin first: a cmake installed from PyPI lands there.
     env["PATH"] = f"{os.path.dirname(python)}{os.pathsep}{env.get('PATH', '')}"
     if args.install_build_tools:
         env = _install_build_tools(python, env, args.gpu)
+    frameworks = _frameworks(python, env, args.requires)
     key = _run(["bash", builder, "--print-key"], env, "the horovod builder (--print-key)")
-    if not args.rebuild and (wheel := _published(args.out, key)):
-        _say(f"{wheel} is already built for {key}: kept (--rebuild to build again)")
-        return wheel
+    if args.rebuild == "false" and (wheel := _published(args.out, key)):
+        _say(f"{wheel} is already built for {key}: kept (rebuild=true builds it again)")
+        return wheel, frameworks
     _say(f"building or reusing {key} (cache {args.cache})")
     _run(["bash", builder, "--wheel"], env, "the horovod build")
     wheels = glob.glob(os.path.join(args.cache, key, "horovod-*.whl"))
     if len(wheels) != 1:
         raise BuildError(f"the builder left {len(wheels)} wheels in {args.cache}/{key}, expected 1")
-    return _publish(wheels[0], args.out, key)
+    return _publish(wheels[0], args.out, key, frameworks), frameworks
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -230,25 +280,32 @@ def main(argv: list[str] | None = None) -> int:
                         help="local wheel cache of the builder")  # fmt: skip
     parser.add_argument("--install-build-tools", action="store_true",
                         help="install cmake 3.x (PyPI) and, on GPU nodes, nvcc + NCCL headers (apt) when missing")  # fmt: skip
-    parser.add_argument("--rebuild", action="store_true", help="build even if --out has the wheel")
+    parser.add_argument("--rebuild", nargs="?", const="true", default="false",
+                        type=str.lower, choices=("true", "false"),
+                        help="true: build even if --out has the wheel (the job's rebuild parameter)")  # fmt: skip
+    parser.add_argument("--cuda-archs", help="GPU builds: all, or compute capabilities like 86,90")
+    parser.add_argument("--requires", help="the TensorFlow pip spec the training task installs (pinned in requirements.txt)")  # fmt: skip
     args = parser.parse_args(argv)
     try:
-        wheel = build(args)
+        wheel, frameworks = build(args)
         python = args.python or (
             DATABRICKS_PYTHON if os.path.exists(DATABRICKS_PYTHON) else sys.executable
         )
         ours = _hvdrunner_wheel(args.src, python, args.out, dict(os.environ))
-        requirements = _requirements(args.out, [ours, wheel])
+        tf = args.requires or (
+            f"tensorflow=={frameworks['tensorflow']}" if "tensorflow" in frameworks else None
+        )
+        requirements = _requirements(args.out, [ours, wheel], tf)
     except BuildError as exc:
         print(f"ERROR: {exc}", file=sys.stderr, flush=True)
         return 1
     _say(f"published {wheel} and {ours}")
     print(
         f"The training job installs it as a task library:\n  libraries:\n    - whl: {wheel}\n"
-        f"Into a cluster you already have (a notebook cell, then dbutils.library."
-        f"restartPython()):\n  %pip install -r {requirements}\n"
-        f"or both wheels as cluster libraries ({ours}, {wheel}); then check with:\n"
-        f"  %sh /databricks/python/bin/python -m hvdrunner doctor"
+        f"Into a cluster you already have (a first notebook cell):\n"
+        f"  %pip install -r {requirements}\n  dbutils.library.restartPython()\n"
+        f"then check it in the next cell (the notebook's own environment):\n"
+        f"  import hvdrunner.doctor\n  hvdrunner.doctor.check()"
     )
     return 0
 

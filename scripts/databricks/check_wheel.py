@@ -1,5 +1,5 @@
 """First task of each training job: is the horovod wheel its tasks install there, and built for
-this runtime? Fails in seconds, naming the job that builds it, instead of a library install
+this runtime, the TensorFlow the Keras task installs and this node's GPU? Fails in seconds, naming the job that builds it, instead of a library install
 that fails on a missing Volume file with no hint (or a wheel for another Python that pip
 refuses). Stdlib only: it runs before any library is installed.
 
@@ -17,6 +17,7 @@ import argparse
 import json
 import os
 import re
+import subprocess
 import sys
 
 #: Databricks Runtime (ML) line -> its CPython tag (the runtimes' release notes, "System
@@ -33,8 +34,58 @@ def runtime_line(spark_version: str) -> str:
     return match.group(1)
 
 
-def problems(wheel: str, build_job: str, tag: str, runtime: str | None) -> list[str]:
-    """What is wrong with ``wheel`` for an interpreter of ``tag`` on ``runtime``; [] if fine."""
+def _record(wheel: str) -> dict:
+    """What the build job wrote beside the wheel (``<wheel>.json``); {} if none."""
+    try:
+        with open(wheel + ".json") as f:
+            return json.load(f)
+    except (OSError, ValueError):
+        return {}
+
+
+def node_gpus() -> list[str]:
+    """This node's GPUs' compute capabilities (``86``, ``90``); [] without a GPU or nvidia-smi."""
+    try:
+        out = subprocess.run(["nvidia-smi", "--query-gpu=compute_cap", "--format=csv,noheader"],
+                             capture_output=True, text=True, timeout=30).stdout  # fmt: skip
+    except (OSError, subprocess.SubprocessError):
+        return []
+    return sorted({line.strip().replace(".", "") for line in out.splitlines() if line.strip()})
+
+
+def _pinned(spec: str) -> str | None:
+    match = re.fullmatch(r"\s*[A-Za-z0-9_.-]+(?:\[[^]]*\])?\s*==\s*([^\s;,]+)\s*", spec)
+    return match.group(1) if match else None
+
+
+def _fit(record: dict, rebuild: str, runtime: str | None, requires: str | None,
+         gpus: list[str]) -> list[str]:  # fmt: skip
+    """What the build record says does not fit this cluster."""
+    found = []
+    built_on = record.get("runtime")
+    if runtime and built_on and built_on not in (runtime, "not Databricks"):
+        found.append(f"it was built on runtime {built_on}, this cluster runs {runtime}: rebuild "
+                     f"with `{rebuild}` or point spark_version at {built_on}")  # fmt: skip
+    want, built = (_pinned(requires) if requires else None), record.get("frameworks", {})
+    if want and "tensorflow" in built and built["tensorflow"] != want:
+        found.append(f"it was built against tensorflow {built['tensorflow']}, the Keras task "
+                     f"installs {requires}: rebuild with `{rebuild}`")  # fmt: skip
+    archs = [int(a) for a in record.get("cuda_archs") or []]
+    # An older GPU cannot run kernels compiled for a newer one; a newer GPU JIT-compiles the
+    # oldest architecture's PTX (slower first start, but it runs).
+    old = [g for g in gpus if archs and int(g) < min(archs)]
+    if old:
+        found.append(f"its CUDA kernels were compiled for compute capability "
+                     f"{','.join(map(str, archs))} and this node's GPU is {','.join(old)}: "
+                     f"deploy with --var cuda_archs=all and rebuild with `{rebuild}`")  # fmt: skip
+    return found
+
+
+def problems(wheel: str, build_job: str, tag: str, runtime: str | None,
+             requires: str | None = None, gpus: list[str] | None = None) -> list[str]:  # fmt: skip
+    """What is wrong with ``wheel`` for an interpreter of ``tag`` on ``runtime`` (the Keras task
+    installing ``requires``, this node having ``gpus``); [] if fine."""
+    rebuild = f"{build_job} --params rebuild=true"  # the build job's job parameter
     match = WHEEL.fullmatch(os.path.basename(wheel))
     if match is None:
         return [
@@ -50,17 +101,7 @@ def problems(wheel: str, build_job: str, tag: str, runtime: str | None) -> list[
             f"no horovod wheel at {wheel}: build it once for this runtime with `{build_job}`, "
             "then run this job again"
         ]
-    try:
-        with open(wheel + ".json") as f:
-            built_on = json.load(f).get("runtime")
-    except (OSError, ValueError):
-        built_on = None
-    if runtime and built_on and built_on not in (runtime, "not Databricks"):
-        return [
-            f"{wheel} was built on runtime {built_on}, this cluster runs {runtime}: rebuild with "
-            f"`{build_job} --params=--rebuild` or point spark_version at {built_on}"
-        ]
-    return []
+    return [f"{wheel}: {p}" for p in _fit(_record(wheel), rebuild, runtime, requires, gpus or [])]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -68,9 +109,11 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--wheel", required=True, help="the wheel the training tasks install")
     parser.add_argument("--build-job", required=True, help="the command that builds it")
+    parser.add_argument("--requires", help="the TensorFlow pip spec the Keras task installs")
     args = parser.parse_args(argv)
     tag = f"cp{sys.version_info[0]}{sys.version_info[1]}"
-    found = problems(args.wheel, args.build_job, tag, os.environ.get("DATABRICKS_RUNTIME_VERSION"))
+    runtime = os.environ.get("DATABRICKS_RUNTIME_VERSION")
+    found = problems(args.wheel, args.build_job, tag, runtime, args.requires, node_gpus())
     for problem in found:
         print(f"ERROR: {problem}", file=sys.stderr, flush=True)
     if not found:

@@ -6,6 +6,7 @@ Example:
 """
 
 from hvdrunner._logging import log_to_driver
+from hvdrunner._version import __version__
 from hvdrunner.distributed import is_rank0, on_rank0, rank0_first
 from hvdrunner.errors import (
     CheckpointError,
@@ -17,8 +18,6 @@ from hvdrunner.errors import (
     TrackingError,
 )
 from hvdrunner.runner import HorovodRunner
-
-__version__ = "0.2.0"  # CHANGELOG.md: the release notes of each version
 
 __all__ = [
     "CheckpointError",

@@ -71,8 +71,13 @@ def resolve(path: str) -> Location:
     return Location(f"file://{path}", path, False)
 
 
+#: Where Unity Catalog volumes are mounted on a Databricks node.
+VOLUMES_MOUNT = "/Volumes"
+
+
 def require_volumes(local_path: str) -> None:
-    """Refuse a ``/Volumes/...`` path where no volume mount exists (off Databricks).
+    """Refuse a ``/Volumes/...`` path where no volume mount exists (off Databricks), or in a
+    volume that does not exist (naming the statement that creates it).
 
     Otherwise a local run as root would quietly create ``/Volumes/...`` on the root disk.
 
@@ -82,11 +87,22 @@ def require_volumes(local_path: str) -> None:
     Example:
         >>> require_volumes("/tmp/cache")  # not a volume: nothing to check
     """
-    if local_path.startswith("/Volumes/") and not os.path.isdir("/Volumes"):
+    if not local_path.startswith(VOLUMES_MOUNT + "/"):
+        return
+    if not os.path.isdir(VOLUMES_MOUNT):
         raise ValueError(
             f"{local_path!r} is a Unity Catalog volume path, but this machine has no /Volumes "
             f"mount (volumes exist on Databricks clusters): pass a local directory, e.g. "
             f"--param output_dir=.hvdrunner/data, or run on Databricks"
+        )
+    names = local_path[len(VOLUMES_MOUNT) + 1 :].split("/")[:3]
+    if len(names) == 3 and not os.path.isdir(os.path.join(VOLUMES_MOUNT, *names)):
+        catalog, schema, volume = names
+        raise ValueError(
+            f"{local_path!r} is in the volume {catalog}.{schema}.{volume}, which does not exist: "
+            f"create it once (SQL: CREATE VOLUME {catalog}.{schema}.{volume}; or `databricks "
+            f"volumes create {catalog} {schema} {volume} MANAGED`), or set the folder to a "
+            f"volume you can write"
         )
 
 

@@ -67,12 +67,25 @@ def split_and_write(
     """
     if not 0 < test_fraction < 1:
         raise ValueError(f"test_fraction must be between 0 and 1, got {test_fraction!r}")
-    root = _paths.resolve(output_dir)  # write() refuses a /Volumes path off Databricks
+    paths = split_paths(output_dir)
     train, test = df.randomSplit([1 - test_fraction, test_fraction], seed=seed)
     out = {"format": table_format()}
     for name, part in (("train", train), ("test", test)):
-        out[f"{name}_path"] = write(part, root.join(name).spark_url)
+        out[f"{name}_path"] = write(part, paths[f"{name}_path"])
     return out
+
+
+def split_paths(output_dir: str) -> dict[str, str]:
+    """Where :func:`split_and_write` writes the splits of ``output_dir`` (Spark URLs)."""
+    root = _paths.resolve(output_dir)  # write() refuses a /Volumes path off Databricks
+    return {f"{name}_path": root.join(name).spark_url for name in ("train", "test")}
+
+
+def written(output_dir: str, split: str) -> str | None:
+    """The ``split`` (``train`` or ``test``) :func:`split_and_write` wrote under ``output_dir``,
+    if it did (a notebook run by hand finds the previous one's output so); else None."""
+    url = split_paths(output_dir)[f"{split}_path"]
+    return url if os.path.isdir(_paths.resolve(url).local_path) else None
 
 
 def write(df: Any, path: str) -> str:

@@ -14,8 +14,9 @@ import sys
 from dataclasses import dataclass
 from typing import Any
 
-from hvdrunner import _versions, multihost
+from hvdrunner import _versions, multihost, workspace
 from hvdrunner._console import say
+from hvdrunner.errors import EnvironmentCheckError
 
 
 @dataclass(frozen=True)
@@ -48,7 +49,10 @@ def collect_build_info() -> dict[str, Any]:
         return info
     from horovod.common import util
 
-    info["tensorflow_ext"] = _extension_file("tensorflow", "mpi_lib")
+    # Loaded, like torch's below: a file built against another TensorFlow fails to load.
+    info["tensorflow_ext"] = _extension_file("tensorflow", "mpi_lib") and (
+        info["tensorflow"] is None or _imports("horovod.tensorflow")
+    )
     # The torch extension is loaded, not just found: a file built against another torch
     # fails here, and horovod's extension_available('torch') says yes even without one.
     info["torch_ext"] = _extension_file("torch", "mpi_lib_v2") and (
@@ -92,6 +96,18 @@ ENGINE_NOTE = (
 )
 
 
+def _fix_build(env: dict[str, str] | None) -> str:
+    """How to get a horovod built for these frameworks: on a Databricks cluster the build job
+    and the install cell (a cluster has no checkout); elsewhere the builder script."""
+    if workspace.access_mode(env=dict(os.environ if env is None else env)) != "not databricks":
+        return workspace.install_hint("tensorflow")
+    return (
+        "rebuild horovod against the installed frameworks: PYTHON=$(which python) bash "
+        "scripts/install_horovod.sh (it applies the patches in patches/: TF >= 2.16 and "
+        "torch >= 2.1 need them), or rm -rf .venv-<stack> && make test"
+    )
+
+
 def evaluate_build(info: dict[str, Any], env: dict[str, str] | None = None) -> list[Check]:
     """Turn build facts into checks. Pure: tests feed it fake build info (and ``env``).
 
@@ -100,11 +116,7 @@ def evaluate_build(info: dict[str, Any], env: dict[str, str] | None = None) -> l
     TensorFlow needs no horovod at all.
     """
     compiled_torch = _versions.torch_engine(env) == _versions.ENGINES["horovod"]
-    fix_build = (
-        "rebuild horovod against the installed frameworks: PYTHON=$(which python) bash "
-        "scripts/install_horovod.sh (it applies the patches in patches/: TF >= 2.16 and "
-        "torch >= 2.1 need them), or rm -rf .venv-<stack> && make test"
-    )
+    fix_build = _fix_build(env)
     if not info.get("horovod"):
         if info.get("torch") and not info.get("tensorflow") and not compiled_torch:
             return [Check("horovod", None, "not installed" + ENGINE_NOTE, required=False)]
@@ -156,7 +168,14 @@ def _keras3_backend(
 ) -> Check:
     """Keras 3 trains on TensorFlow or PyTorch (``horovod.tensorflow``/``horovod.torch``),
     the backend being Keras' default (``tensorflow``) unless ``KERAS_BACKEND`` says."""
-    backend = env.get("KERAS_BACKEND", "").strip().lower() or "tensorflow"
+    chosen = env.get("KERAS_BACKEND", "").strip().lower()
+    if not chosen and tf is None and torch is not None:
+        # A PyTorch environment that has Keras too: nothing is wrong until Keras is used.
+        return Check("Keras generation", None, f"Keras 3 (keras {keras}) beside PyTorch, no "
+                     "TensorFlow: to train Keras on PyTorch set KERAS_BACKEND=torch before "
+                     "Keras is imported (Keras' default backend, tensorflow, is absent)",
+                     required=False)  # fmt: skip
+    backend = chosen or "tensorflow"
     installed = {"tensorflow": tf, "torch": torch}.get(backend)
     fix = ("set KERAS_BACKEND=torch (Keras' default, tensorflow, is not installed)" if tf is None
            else "unset KERAS_BACKEND, or set it to tensorflow or torch (Horovod has no JAX "
@@ -259,6 +278,8 @@ def environment_checks(master: str | None) -> list[Check]:
             "GPUs visible", None, ", ".join(gpus) if gpus else "none (CPU training)", required=False
         )
     )
+    checks.append(Check("compute", None, workspace.describe_access_mode(_session()),
+                        required=False))  # fmt: skip
     try:
         import mlflow
 
@@ -280,6 +301,34 @@ def environment_checks(master: str | None) -> list[Check]:
             )
         )
     return checks
+
+
+def _session() -> Any:
+    """The active SparkSession (classic or Connect), if pyspark has one."""
+    try:
+        from pyspark.sql import SparkSession
+    except ImportError:
+        return None
+    return SparkSession.getActiveSession()
+
+
+def check(master: str | None = None) -> None:
+    """Print the checklist in a notebook cell and raise when a required piece is missing: the
+    cell after an install cell (it runs in the notebook's own environment).
+
+    Raises:
+        EnvironmentCheckError: naming how many required checks failed (each is printed above
+            with its fix).
+
+    Example:
+        >>> import hvdrunner.doctor
+        >>> hvdrunner.doctor.check()  # doctest: +SKIP
+    """
+    failed = run_doctor(master)
+    if failed:
+        raise EnvironmentCheckError(
+            "hvdrunner doctor: required check(s) failed; each is printed above with its fix"
+        )
 
 
 def run_doctor(master: str | None = None, quiet: bool = False) -> int:

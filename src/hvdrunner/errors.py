@@ -7,6 +7,7 @@
 - :class:`CorruptDataError`: a prepared Parquet file does not read as it was written.
 - :class:`NotebookError`: a notebook cell failed in the local runner.
 - :class:`TrackingError`: the MLflow tracking server cannot start the job's run.
+- :class:`EnvironmentCheckError`: ``hvdrunner.doctor.check()`` found a required piece missing.
 """
 
 from __future__ import annotations
@@ -101,6 +102,10 @@ class NotebookError(RuntimeError):
 
 class TrackingError(RuntimeError):
     """The MLflow tracking server is unreachable or refused a call hvdrunner needs."""
+
+
+class EnvironmentCheckError(RuntimeError):
+    """``hvdrunner.doctor.check()`` found a required piece missing (each printed with its fix)."""
 
 
 class HorovodInternalError(RuntimeError):

@@ -185,7 +185,8 @@ def mode_diagnostics(
         return []
     if mode == "production" and not config["_explicit_root"]:
         jobs = config.get("resources", {}).get("jobs", {}).values()
-        if service_principal or all(job.get("run_as") for job in jobs):
+        # The run_as mutator has copied a bundle-level run_as into every job by then.
+        if service_principal or config.get("run_as") or all(job.get("run_as") for job in jobs):
             return [
                 (
                     "recommendation",
@@ -194,3 +195,87 @@ def mode_diagnostics(
             ]
         return [("error", "target with 'mode: production' must set 'workspace.root_path'")]
     return []
+
+
+def run_as_problems(config: dict[str, Any]) -> list[str]:
+    """run_as's identity rule (bundle/config/mutator/resourcemutator/run_as.go): one of
+    service_principal_name and user_name, not both, not neither (an empty value is none)."""
+    run_as = config.get("run_as")
+    if run_as is None:
+        return []
+    names = [k for k in ("service_principal_name", "user_name") if run_as.get(k)]
+    if not names:
+        return [
+            "run_as section must specify exactly one identity. Neither service_principal_name "
+            "nor user_name is specified"
+        ]
+    if len(names) == 2:
+        return ["run_as section cannot specify both service_principal_name and user_name"]
+    return []
+
+
+def run_problems(config: dict[str, Any], target: str, command: str) -> list[str]:
+    """What ``databricks bundle run`` says of ``command`` for this resolved config: the ports
+    of bundle/run/job_options.go (Validate: job parameters and task parameters exclude each
+    other) and job_args.go (``-- --key value`` after a job with job parameters), plus the Jobs
+    API's refusal of an undeclared job parameter. [] when it would start the run."""
+    import shlex
+
+    words = shlex.split(command, comments=True)
+    if words[:3] != ["databricks", "bundle", "run"]:
+        return [f"not a bundle run command: {command!r}"]
+    words, problems = words[3:], []
+    key, params, task_flags, rest = None, {}, [], []
+    while words:
+        word = words.pop(0)
+        if word == "--":
+            rest, words = words, []
+        elif word in ("-t", "--target"):
+            if words.pop(0) != target:
+                problems.append(f"{command!r} names another target than {target}")
+        elif word == "--params" or word.startswith("--params="):
+            value = word.split("=", 1)[1] if "=" in word else words.pop(0)
+            for pair in value.split(","):
+                if "=" not in pair:
+                    return [
+                        f"invalid argument {value!r} for --params: {pair!r} must be formatted as key=value"
+                    ]
+                k, v = pair.split("=", 1)
+                params[k] = v
+        elif word.startswith("--") and word.split("=")[0] in (
+            "--notebook-params", "--python-params", "--jar-params", "--python-named-params",
+            "--spark-submit-params", "--sql-params", "--dbt-commands", "--pipeline-params",
+        ):  # fmt: skip
+            task_flags.append(word)
+            if "=" not in word:
+                words.pop(0)
+        elif word.startswith("-"):
+            return [f"unknown flag: {word}"]
+        elif key is None:
+            key = word
+        else:
+            return [f"unexpected argument {word!r}"]
+    jobs = config.get("resources", {}).get("jobs", {})
+    if key not in jobs:
+        return [f"no such resource: {key}"]
+    declared = {p["name"] for p in jobs[key].get("parameters", [])}
+    if declared and rest:
+        while rest:  # job_args.go: --key value pairs become job parameters
+            flag = rest.pop(0)
+            if not flag.startswith("--") or not rest:
+                return [f"unexpected positional arguments after --: {flag!r}"]
+            params[flag[2:]] = rest.pop(0)
+    if declared and task_flags:
+        problems.append(
+            "the job to run defines job parameters; specifying task parameters is not allowed"
+        )
+    if not declared and params:
+        problems.append(
+            "the job to run does not define job parameters; specifying job parameters is not allowed"
+        )
+    problems += [
+        f"job parameter {k!r} is not defined by {key}"
+        for k in params
+        if declared and k not in declared
+    ]
+    return problems

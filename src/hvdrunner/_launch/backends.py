@@ -8,6 +8,7 @@ they mean). A new backend is one module with a ``Backend.active()`` and a line h
 
 from __future__ import annotations
 
+from hvdrunner import workspace
 from hvdrunner._launch.backend import Backend
 from hvdrunner._launch.connect_backend import ConnectBackend
 from hvdrunner._launch.local_backend import LocalBackend
@@ -32,5 +33,5 @@ def choose(np: int) -> Backend:
         "np>=0 runs on Spark executors but there is no active SparkSession. Create one "
         "first (e.g. hvdrunner.spark.local_session() locally; on Databricks it exists; "
         "SparkSession.builder.remote(...) for Spark Connect), or pass np<0 to run on the "
-        "driver only."
+        f"driver only. This compute: {workspace.describe_access_mode()}"
     )

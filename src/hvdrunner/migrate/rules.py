@@ -10,6 +10,12 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
+from hvdrunner import workspace
+
+#: The install lines users type, one line each (hvdrunner.workspace writes them).
+_TORCH_PIP = workspace.torch_cell().splitlines()[0]
+_TF_PIP = workspace.tensorflow_cell().splitlines()[0]
+
 
 @dataclass(frozen=True)
 class DropIn:
@@ -95,8 +101,8 @@ def no_drop_in(module: str) -> tuple[str, str]:
     return (
         f"{module}: the compiled horovod (kept as it is: it runs on the horovod hvdrunner's "
         f"build job publishes)",
-        "install that wheel (hvdrunner's install page); for Keras use hvdrunner.hvd_keras, for "
-        "PyTorch hvdrunner.hvd_torch (nothing compiled)",
+        f"build it ({workspace.build_command()}) and install it with `{_TF_PIP}` (hvdrunner's install page); "
+        "for Keras use hvdrunner.hvd_keras, for PyTorch hvdrunner.hvd_torch (nothing compiled)",
     )
 
 
@@ -125,8 +131,8 @@ INSTALL = _rule(
     r".*\b(?:horovod|sparkdl)\b",
     "installs horovod or sparkdl from PyPI (horovod 0.28.1 does not build for current "
     "runtimes' TensorFlow and PyTorch unpatched; sparkdl has no HorovodRunner after 15.4)",
-    "install hvdrunner's wheel instead (PyTorch: that is all; TensorFlow: %pip install -r "
-    "the requirements.txt its build job publishes beside the horovod wheel): hvdrunner's install page",
+    f"install hvdrunner instead (hvdrunner's install page) - PyTorch: `{_TORCH_PIP}`, that is all; "
+    f"TensorFlow: `{_TF_PIP}` (the build job, {workspace.build_command()}, publishes it)",
 )
 
 #: Uses with no drop-in, in the code: reported with the fix, never rewritten.

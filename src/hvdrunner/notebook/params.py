@@ -10,14 +10,15 @@ laptop.
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from typing import Any
 
 from hvdrunner._logging import get_logger
 from hvdrunner._paths import on_databricks
+from hvdrunner.workspace import VOLUME
 
 #: Where Unity Catalog volumes are mounted on a Databricks node (tests point it elsewhere).
 VOLUMES_ENV = "HVDRUNNER_VOLUMES_ROOT"
-VOLUME = "hvdrunner"
 
 
 def _session() -> Any:
@@ -32,9 +33,10 @@ def _session() -> Any:
 def storage_root() -> str:
     """The folder the notebooks keep data, cache, checkpoints and predictions under.
 
-    On Databricks: ``/Volumes/<current catalog>/<current schema>/hvdrunner``, with a warning
-    naming the ``CREATE VOLUME`` statement when that volume does not exist (set the folder
-    widgets instead to use another place). Elsewhere: ``./.hvdrunner``.
+    On Databricks: ``/Volumes/<current catalog>/<current schema>/hvdrunner`` (a write to a
+    volume that does not exist names the ``CREATE VOLUME`` statement: ``_paths.require_volumes``;
+    nothing is said here, where a job that passes its own folders only builds a default).
+    Elsewhere: ``./.hvdrunner``.
 
     Example:
         >>> storage_root()  # off Databricks  # doctest: +SKIP
@@ -44,14 +46,7 @@ def storage_root() -> str:
         return os.path.join(os.getcwd(), ".hvdrunner")
     spark = _session()
     catalog, schema = spark.catalog.currentCatalog(), spark.catalog.currentDatabase()
-    root = f"{os.environ.get(VOLUMES_ENV, '/Volumes')}/{catalog}/{schema}/{VOLUME}"
-    if not os.path.isdir(root):
-        get_logger().warning(
-            f"{root} does not exist: create it once (SQL: CREATE VOLUME {catalog}.{schema}."
-            f"{VOLUME}; or `databricks volumes create {catalog} {schema} {VOLUME} MANAGED`), or "
-            f"set this notebook's folder widgets to a volume you can write"
-        )
-    return root
+    return f"{os.environ.get(VOLUMES_ENV, '/Volumes')}/{catalog}/{schema}/{VOLUME}"
 
 
 def default_dir(name: str) -> str:
@@ -78,14 +73,19 @@ def default_experiment(name: str) -> str:
     return f"/Users/{user}/{name}"
 
 
-def upstream(dbutils: Any, widget: str, task: str, key: str | None = None) -> Any:
-    """The widget's value if set, else task ``task``'s task value ``key`` (default: ``widget``).
-
-    In a job run the upstream task's value is used. In a notebook run by hand there are no
-    task values (Databricks raises unless ``debugValue`` is given), so the widget must be set.
+def upstream(
+    dbutils: Any,
+    widget: str,
+    task: str,
+    key: str | None = None,
+    by_hand: Callable[[], Any] | None = None,
+) -> Any:
+    """The widget's value if set, else task ``task``'s task value ``key`` (default: ``widget``),
+    else - a notebook run by hand has no task values - ``by_hand()``: where the upstream
+    notebook writes with its own defaults (None when it has not).
 
     Raises:
-        ValueError: the widget is empty and no task value exists, naming both and the fix.
+        ValueError: none of the three has a value, naming the widget, the task and the fix.
 
     Example:
         >>> train_path = upstream(dbutils, "train_path", "prepare_data")  # doctest: +SKIP
@@ -94,10 +94,15 @@ def upstream(dbutils: Any, widget: str, task: str, key: str | None = None) -> An
     if value:
         return value
     value = dbutils.jobs.taskValues.get(task, key or widget, debugValue="")
+    if value in ("", None) and by_hand is not None:
+        value = by_hand()
+        if value not in ("", None):
+            get_logger().info(f"{widget}: {value} (what {task} wrote with its defaults)")
     if value in ("", None):
         raise ValueError(
-            f"widget {widget!r} is empty and there is no task value {key or widget!r} from task "
-            f"{task!r} (a notebook run by hand has none): set the {widget!r} widget, or run the "
-            f"notebooks as the job"
+            f"widget {widget!r} is empty, there is no task value {key or widget!r} from task "
+            f"{task!r} (a notebook run by hand has none) and {task} has not written one with its "
+            f"defaults: run that notebook first, set the {widget!r} widget, or run the notebooks "
+            f"as the job"
         )
     return value

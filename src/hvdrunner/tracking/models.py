@@ -39,6 +39,33 @@ def log_saved(
     return uri
 
 
+def latest_model(experiment: str, artifact_path: str = "model") -> tuple[str, str] | None:
+    """``(model URI, run id)`` of the newest finished run of ``experiment`` that logged a model
+    at ``artifact_path``; None if there is none. How a notebook opened by hand finds what the
+    training notebook wrote (a job passes it as task values).
+
+    Example:
+        >>> latest_model("hvdrunner-digits")  # doctest: +SKIP
+        ('runs:/0a1b.../model', '0a1b...')
+    """
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient()
+    found = client.get_experiment_by_name(experiment)
+    if found is None:
+        return None
+    runs = client.search_runs(
+        [found.experiment_id],
+        filter_string="attributes.status = 'FINISHED'",
+        order_by=["attributes.start_time DESC"],
+        max_results=20,
+    )
+    for run in runs:
+        if artifact_path in {a.path for a in client.list_artifacts(run.info.run_id)}:
+            return f"runs:/{run.info.run_id}/{artifact_path}", run.info.run_id
+    return None
+
+
 class _LocalLabelFilter(logging.Filter):
     def filter(self, record: logging.LogRecord) -> bool:
         return "contains a local version label" not in record.getMessage()

@@ -1,0 +1,118 @@
+"""The Databricks workspace as a user meets it, written once: the volume folders the bundle's
+jobs write, the install cells and commands users type, and the access mode a session is in.
+
+The bundle (``databricks.yml``), docs/install.md, the notebooks' first cells, ``doctor``'s and
+``migrate``'s hints all say these; ``tests/test_workspace.py`` holds each of them to this
+module and runs the bundle's jobs against a local stand-in for the workspace.
+
+Example:
+    >>> tensorflow_cell("ml", "team_a", "18.x-gpu-ml-scala2.13").splitlines()[0]
+    '%pip install -r /Volumes/ml/team_a/hvdrunner/wheels/18.x-gpu-ml-scala2.13/requirements.txt'
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+from hvdrunner._version import __version__
+
+#: The Unity Catalog volume the bundle and the notebooks keep their files in.
+VOLUME = "hvdrunner"
+#: Placeholders the docs print where a user's own names go.
+CATALOG, SCHEMA, RUNTIME = "<catalog>", "<schema>", "<runtime>"
+BUILD_JOB = "hvdrunner_build_horovod"
+#: The build job's job parameter that builds again over a published wheel.
+REBUILD_PARAM = "rebuild"
+RESTART = "dbutils.library.restartPython()"
+#: A Python cell: it runs in the notebook's own environment, where ``%pip`` installed.
+DOCTOR_CELL = "import hvdrunner.doctor\nhvdrunner.doctor.check()"
+
+
+def volume_root(catalog: str = CATALOG, schema: str = SCHEMA, volume: str = VOLUME) -> str:
+    """``/Volumes/<catalog>/<schema>/hvdrunner``: the volume every target shares."""
+    return f"/Volumes/{catalog}/{schema}/{volume}"
+
+
+def wheel_folder(
+    catalog: str = CATALOG, schema: str = SCHEMA, runtime: str = RUNTIME, volume: str = VOLUME
+) -> str:
+    """Where the build job publishes horovod, hvdrunner and ``requirements.txt`` for one
+    runtime (``spark_version``, e.g. ``18.x-gpu-ml-scala2.13``): one folder per runtime,
+    shared by every user and target, so a runtime is built once."""
+    return f"{volume_root(catalog, schema, volume)}/wheels/{runtime}"
+
+
+def tensorflow_cell(catalog: str = CATALOG, schema: str = SCHEMA, runtime: str = RUNTIME) -> str:
+    """The notebook cell that installs hvdrunner, horovod and the TensorFlow horovod was built
+    against (the published ``requirements.txt`` pins all three)."""
+    return f"%pip install -r {wheel_folder(catalog, schema, runtime)}/requirements.txt\n{RESTART}"
+
+
+def torch_wheel(catalog: str = CATALOG, schema: str = SCHEMA, version: str = __version__) -> str:
+    """hvdrunner's own wheel in the volume: all that PyTorch and Keras on PyTorch need."""
+    return f"{volume_root(catalog, schema)}/hvdrunner-{version}-py3-none-any.whl"
+
+
+def torch_cell(catalog: str = CATALOG, schema: str = SCHEMA, version: str = __version__) -> str:
+    """The notebook cell that installs hvdrunner for PyTorch (nothing compiled)."""
+    return f"%pip install {torch_wheel(catalog, schema, version)}\n{RESTART}"
+
+
+def build_command(target: str = "dev", rebuild: bool = False) -> str:
+    """The CLI command that runs the build job; ``rebuild`` passes its job parameter."""
+    command = f"databricks bundle run -t {target} {BUILD_JOB}"
+    return f"{command} --params {REBUILD_PARAM}=true" if rebuild else command
+
+
+def install_hint(framework: str = "tensorflow") -> str:
+    """One sentence naming the install cell for ``framework`` (``tensorflow`` or ``torch``),
+    for errors raised where hvdrunner or horovod is missing on a cluster."""
+    if framework == "torch":
+        return f"install hvdrunner's wheel in a first cell: {torch_cell()!r} (hvdrunner's install page)"
+    return (
+        f"build the wheels once per runtime ({build_command()}), then install them in a first "
+        f"cell: {tensorflow_cell()!r} (hvdrunner's install page)"
+    )
+
+
+def access_mode(spark: Any = None, env: dict[str, str] | None = None) -> str:
+    """Which compute this process runs on: ``"serverless"``, ``"standard"`` (standard, formerly
+    shared, access mode: a Spark Connect session on Databricks), ``"dedicated"`` (a Databricks
+    cluster with a SparkContext), or ``"not databricks"``.
+
+    Example:
+        >>> access_mode(env={})
+        'not databricks'
+    """
+    env = dict(os.environ if env is None else env)
+    if env.get("IS_SERVERLESS", "").strip().upper() == "TRUE":
+        return "serverless"
+    if not env.get("DATABRICKS_RUNTIME_VERSION"):
+        return "not databricks"
+    return "standard" if spark is not None and _is_connect(spark) else "dedicated"
+
+
+def _is_connect(spark: Any) -> bool:
+    return type(spark).__module__.startswith("pyspark.sql.connect")
+
+
+#: What works where (docs/cluster.md says the same, as a table a test holds to this).
+ACCESS_MODES = {
+    "dedicated": "barrier jobs on the cluster's executors: every path (Keras on TensorFlow, "
+    "PyTorch, Keras on PyTorch) through the classic launch backend",
+    "standard": "a Spark Connect session: HorovodRunner launches through the Connect backend "
+    "(barrier DataFrame stages) where the cluster allows barrier execution; Unity Catalog's "
+    "standard access mode may refuse it, naming the error - use a dedicated cluster then",
+    "serverless": "no executors to launch ranks on: on serverless GPU, start the PyTorch engine "
+    "with the standard environment (torchrun-style RANK/WORLD_SIZE/MASTER_ADDR, "
+    "`import hvdrunner.hvd_torch as hvd`); HorovodRunner(np>0) and the compiled horovod "
+    "(Keras on TensorFlow) do not run there",
+    "not databricks": "local[N], a standalone cluster or a Spark Connect server: every path",
+}
+
+
+def describe_access_mode(spark: Any = None, env: dict[str, str] | None = None) -> str:
+    """One line: the access mode and what works there."""
+    mode = access_mode(spark, env)
+    return f"{mode}: {ACCESS_MODES[mode]}"

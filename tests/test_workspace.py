@@ -1,0 +1,247 @@
+"""The bundle as a user deploys it, against a local stand-in for the workspace
+(tests/helpers/standin.py says what it maps and what it cannot reach: clusters, access modes,
+the UI, GPUs, PyPI): each target's jobs run from the paths their tasks name, the docs' install
+cells install what the build job wrote, every path and command the docs, notebooks and hints
+print is hvdrunner.workspace's, and the CLI accepts every command they give (its argument rules,
+ported in tests/helpers/bundle.py)."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from helpers import bundle
+from helpers.standin import ROOT, StandIn, StandInError, install_requirements, pip_install
+from hvdrunner import workspace
+
+USER = "first.last@example.com"
+VALUES = {"catalog": "ml", "schema": "team_a"}
+PROD = VALUES | {"service_principal": "6f1c2d3e-0000-4000-8000-000000000001"}
+FAST = {"epochs": "2"}  # --var epochs=2: the jobs as deployed, shorter
+INSTALL_MD = ROOT / "docs" / "install.md"
+
+
+def _block(doc: Path, block_id: str) -> str:
+    """The code block of ``doc`` whose marker comment names ``block_id``."""
+    text = doc.read_text()
+    match = re.search(rf"<!-- runs: tests/test_workspace\.py \({block_id}\)[^>]*-->\n[ ]*```\w*\n(.*?)```",
+                      text, re.S)  # fmt: skip
+    assert match, f"{doc.name} has no block marked ({block_id})"
+    return "\n".join(line.strip() for line in match.group(1).splitlines())
+
+
+def _user_values(text: str, runtime: str) -> str:
+    return (text.replace(workspace.CATALOG, VALUES["catalog"])
+            .replace(workspace.SCHEMA, VALUES["schema"]).replace(workspace.RUNTIME, runtime))  # fmt: skip
+
+
+def _doctor(target: Path, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    """The docs' doctor cell, in the environment the install cell made (``target`` first)."""
+    code = f"import hvdrunner\n{workspace.DOCTOR_CELL}\nprint('FROM', hvdrunner.__file__)"
+    run_env = {
+        **os.environ,
+        **(env or {}),
+        "PYTHONPATH": f"{target}{os.pathsep}{os.environ.get('PYTHONPATH', '')}",
+    }
+    return subprocess.run([sys.executable, "-c", code], env=run_env, capture_output=True,
+                          text=True, timeout=300)  # fmt: skip
+
+
+# -- the paths and commands every place prints ------------------------------------------------
+
+
+@pytest.mark.parametrize("name", ["dev", "keras_on_torch", "lts", "prod"])
+def test_every_target_builds_into_the_one_wheel_folder_the_docs_print(name):
+    values = PROD if name == "prod" else VALUES
+    config = bundle.target(ROOT, name, USER, values)
+    runtime = config["variables"]["spark_version"]["default"]
+    build = next(t for t in config["resources"]["jobs"]["hvdrunner_build_horovod"]["tasks"])
+    params = build["spark_python_task"]["parameters"]
+    assert params[params.index("--out") + 1] == workspace.wheel_folder("ml", "team_a", runtime)
+    install = INSTALL_MD.read_text()
+    assert (
+        workspace.tensorflow_cell()
+        .splitlines()[0]
+        .replace(workspace.RUNTIME, "18.x-gpu-ml-scala2.13")
+        in install
+    )
+    assert workspace.torch_cell() in install
+
+
+def test_notebooks_migrate_and_doctor_print_the_same_install_lines():
+    tf, torch = workspace.tensorflow_cell().splitlines()[0], workspace.torch_cell().splitlines()[0]
+    for path in sorted((ROOT / "notebooks").glob("*.py")):
+        text = path.read_text()
+        assert tf in text and torch in text and workspace.RESTART in text, path.name
+        assert "hvdrunner.doctor.check()" in text, path.name
+    from hvdrunner.doctor import evaluate_build
+    from hvdrunner.migrate.rules import INSTALL
+
+    assert tf in INSTALL.fix and torch in INSTALL.fix
+    on_cluster = {"DATABRICKS_RUNTIME_VERSION": "18.0"}
+    (failed,) = [
+        c for c in evaluate_build({"horovod": None, "tensorflow": "2.21.0"}, env=on_cluster)
+    ]
+    assert workspace.build_command() in failed.fix and tf in failed.fix
+    assert "scripts/" not in failed.fix and "make " not in failed.fix  # a cluster has neither
+
+
+@pytest.mark.parametrize("name", ["dev", "keras_on_torch", "lts", "prod"])
+def test_the_cli_accepts_every_command_the_docs_and_hints_give(name):
+    values = PROD if name == "prod" else VALUES
+    config = bundle.target(ROOT, name, USER, values)
+    commands = [workspace.build_command(name), workspace.build_command(name, rebuild=True),
+                f"databricks bundle run -t {name} hvdrunner_train",
+                f"databricks bundle run -t {name} hvdrunner_train_torch"]  # fmt: skip
+    docs = "".join(p.read_text() for p in [ROOT / "README.md", *(ROOT / "docs").glob("*.md")])
+    commands += [c for c in re.findall(r"databricks bundle run[^`\n]*", docs) if f"-t {name} " in c]
+    for command in commands:
+        assert bundle.run_problems(config, name, command) == [], command
+    # What the port refuses, as the CLI does (job_options.go Validate).
+    assert bundle.run_problems(
+        config, name, f"databricks bundle run -t {name} hvdrunner_train --params rebuild=true"
+    )
+    assert bundle.run_problems(
+        config, name, f"databricks bundle run -t {name} hvdrunner_build_horovod --params=--rebuild"
+    )
+
+
+def test_prod_is_one_deployment_run_as_a_service_principal():
+    config = bundle.target(ROOT, "prod", USER, PROD)
+    other = bundle.target(ROOT, "prod", "someone.else@example.com", PROD)
+    assert config["workspace"]["root_path"] == other["workspace"]["root_path"]
+    assert USER not in json.dumps(config["resources"])  # nothing is the deployer's
+    assert config["run_as"] == {"service_principal_name": PROD["service_principal"]}
+    assert bundle.mode_diagnostics(config) == [] and bundle.run_as_problems(config) == []
+    unset = bundle.target(ROOT, "prod", USER, VALUES)
+    assert bundle.run_as_problems(unset) == [
+        "run_as section must specify exactly one identity. Neither service_principal_name nor "
+        "user_name is specified"
+    ]
+    for job in ("hvdrunner_train", "hvdrunner_train_torch"):
+        cluster = config["resources"]["jobs"][job]["job_clusters"][0]["new_cluster"]
+        assert cluster["single_user_name"] == PROD["service_principal"]
+        assert (
+            cluster["driver_node_type_id"] == config["variables"]["driver_node_type_id"]["default"]
+        )
+        assert cluster["driver_node_type_id"] != cluster["node_type_id"]  # a CPU driver
+
+
+# -- the jobs, run against the stand-in --------------------------------------------------------
+
+
+@pytest.mark.keras
+@pytest.mark.stacks("modern")
+@pytest.mark.timeout(1200)
+def test_dev_keras_job_builds_once_then_trains_and_the_install_cell_works(tmp_path):
+    ws = StandIn(tmp_path, "dev", VALUES | FAST, USER)
+    ws.deploy()
+    # Before the build: the first task stops the job in seconds, naming the build command.
+    with pytest.raises(
+        StandInError, match=r"(?s)check_horovod_wheel.*" + re.escape(workspace.build_command("dev"))
+    ):
+        ws.run_job("hvdrunner_train")
+    ws.run_job("hvdrunner_build_horovod")
+    runtime = ws.vars["spark_version"]
+    folder = ws.map(workspace.wheel_folder("ml", "team_a", runtime))
+    (horovod,) = folder.glob("horovod-*.whl")
+    record = json.loads(Path(f"{horovod}.json").read_text())
+    import tensorflow as tf
+
+    assert record["frameworks"]["tensorflow"] == tf.__version__
+    assert record["cuda_archs"] == []  # a CPU build here; a GPU node records its list
+    requirements = (folder / "requirements.txt").read_text()
+    assert ws.vars["tensorflow_pip"] in requirements.splitlines()
+    values = ws.run_job("hvdrunner_train")
+    assert values["batch_inference"]["test_accuracy"] > 0.8
+    log = (ws.last / "train_keras.log").read_text()
+    assert "final accuracy" in log
+    # A second build run keeps the wheel; the rebuild parameter builds it again.
+    ws.run_job("hvdrunner_build_horovod")
+    assert "already built" in (ws.last / "build_horovod.log").read_text()
+    ws.run_job("hvdrunner_build_horovod", {"rebuild": "true"})
+    assert "already built" not in (ws.last / "build_horovod.log").read_text()
+    # docs/install.md's cell, against the folder the build job wrote.
+    cell = _user_values(_block(INSTALL_MD, "install-tensorflow"), runtime)
+    line, restart = cell.strip().splitlines()
+    assert restart == workspace.RESTART
+    requirements_path = ws.map(line.split("-r ", 1)[1])
+    env_dir = tmp_path / "notebook-env"
+    assert install_requirements(requirements_path, env_dir) == [ws.vars["tensorflow_pip"]]
+    doctor = _doctor(env_dir)
+    assert doctor.returncode == 0, doctor.stdout + doctor.stderr
+    assert f"FROM {env_dir}" in doctor.stdout  # the installed copy, not the checkout
+
+
+@pytest.mark.torch
+@pytest.mark.stacks("torch")
+@pytest.mark.timeout(900)
+def test_dev_torch_job_and_keras_on_torch_need_nothing_built(tmp_path):
+    ws = StandIn(tmp_path, "dev", VALUES | FAST, USER)
+    ws.deploy()
+    values = ws.run_job("hvdrunner_train_torch")  # nothing built before it
+    assert values["batch_inference"]["test_accuracy"] > 0.8
+    assert not list(tmp_path.rglob("horovod-*.whl"))
+    k = StandIn(tmp_path / "k", "keras_on_torch", VALUES | FAST, USER)
+    k.deploy()
+    values = k.run_job("hvdrunner_train")
+    assert values["batch_inference"]["test_accuracy"] > 0.5
+    # docs/install.md's PyTorch route: the wheel copied into the volume, one %pip line.
+    copy = _block(INSTALL_MD, "copy-torch-wheel").strip()
+    src, dest = copy.split()[-2:]
+    wheel = ws.files / src
+    assert wheel.is_file(), f"{src} is not what the artifact build writes"
+    dest_dir = ws.map(_user_values(dest.removeprefix("dbfs:"), ""))
+    dest_dir.mkdir(parents=True, exist_ok=True)
+    (dest_dir / wheel.name).write_bytes(wheel.read_bytes())
+    cell = _user_values(_block(INSTALL_MD, "install-torch"), "")
+    line, restart = cell.strip().splitlines()
+    assert restart == workspace.RESTART
+    env_dir = tmp_path / "notebook-env"
+    pip_install([str(ws.map(line.split()[-1]))], env_dir)
+    doctor = _doctor(env_dir, {"KERAS_BACKEND": ""})
+    assert doctor.returncode == 0, doctor.stdout + doctor.stderr
+    assert f"FROM {env_dir}" in doctor.stdout
+
+
+@pytest.mark.torch
+@pytest.mark.timeout(600)
+def test_notebooks_opened_by_hand_run_01_02_03_with_their_defaults(tmp_path):
+    """As a user runs them one by one in a workspace: no task values (``--interactive``), no
+    parameter set; each finds what the one before wrote."""
+    env = {**os.environ, "MLFLOW_TRACKING_URI": f"sqlite:///{tmp_path / 'mlflow.db'}"}
+    for name, params in (("01_prepare_data.py", []), ("02_train_torch.py", ["--param", "epochs=2"]),
+                         ("03_batch_inference.py", ["--param", "train_task=train_torch"])):  # fmt: skip
+        proc = subprocess.run(
+            [sys.executable, "-m", "hvdrunner.notebook", "run", str(ROOT / "notebooks" / name),
+             "--interactive", "--task-values", str(tmp_path / "tv.json"), *params],
+            cwd=tmp_path, env=env, capture_output=True, text=True, timeout=400,
+        )  # fmt: skip
+        assert proc.returncode == 0, f"{name}: {proc.stdout[-3000:]}{proc.stderr[-3000:]}"
+    assert re.search(r"test accuracy: 0\.\d+", proc.stdout)
+    assert "(what prepare_data wrote with its defaults)" in proc.stdout + proc.stderr
+
+
+def test_the_access_mode_is_named_and_the_docs_say_what_works_there():
+    assert workspace.access_mode(env={"IS_SERVERLESS": "TRUE"}) == "serverless"
+    assert workspace.access_mode(env={}) == "not databricks"
+    on_cluster = {"DATABRICKS_RUNTIME_VERSION": "18.0"}
+    assert workspace.access_mode(object(), env=on_cluster) == "dedicated"
+    # A Spark Connect session is told by its type's module (pyspark.sql.connect.session),
+    # which standard access mode's notebooks hold; no server is needed to tell.
+    connect = type("SparkSession", (), {"__module__": "pyspark.sql.connect.session"})()
+    assert workspace.access_mode(connect, env=on_cluster) == "standard"
+    cluster_md = (ROOT / "docs" / "cluster.md").read_text()
+    for mode in ("dedicated", "standard", "serverless"):
+        assert f"| {mode}" in cluster_md
+    # The runner's "no session" error names the compute (a fresh process: no session).
+    code = "from hvdrunner._launch.backends import choose\nchoose(2)"
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                          env={**os.environ, "IS_SERVERLESS": "TRUE"})  # fmt: skip
+    assert proc.returncode == 1 and "This compute: serverless: no executors" in proc.stderr
