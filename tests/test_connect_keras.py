@@ -1,0 +1,64 @@
+"""Keras on TensorFlow from a Spark Connect session (the modern stack, which mirrors 18 LTS ML
+and has its Connect client): the session a notebook holds on standard access mode or
+Databricks Connect. A real Connect server (its own JVM, local[2]) and two real ranks over
+gloo running ``hvdrunner.keras.fit`` with the compiled horovod; the test process talks to
+Spark only through the Connect client."""
+
+from __future__ import annotations
+
+import logging
+import os
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from helpers.connect_server import client_session, connect_server
+from hvdrunner import HorovodRunner, workspace
+from hvdrunner.data import prepare
+
+pytestmark = [pytest.mark.keras, pytest.mark.stacks("modern")]
+
+
+@pytest.fixture(scope="module")
+def connect(tmp_path_factory):
+    with connect_server(tmp_path_factory.mktemp("connect")) as url:
+        session = client_session(url)
+        try:
+            yield session
+        finally:
+            session.stop()
+            # pyspark marks the process as Connect-mode once a remote session starts: the
+            # classic tests after this module need it back as it was.
+            os.environ.pop("SPARK_CONNECT_MODE_ENABLED", None)
+
+
+def build_model():
+    import keras
+
+    return keras.Sequential([keras.Input(shape=(64,)), keras.layers.Dense(32, activation="relu"),
+                             keras.layers.Dense(10, activation="softmax")])  # fmt: skip
+
+
+@pytest.mark.timeout(300)
+def test_a_keras_job_on_tensorflow_runs_from_a_connect_session(connect, tmp_path, caplog):
+    from sklearn.datasets import load_digits
+
+    from hvdrunner.keras import fit
+
+    caplog.set_level(logging.INFO, logger="hvdrunner")
+    x, y = load_digits(return_X_y=True)
+    frame = pd.DataFrame({"pixels": (x[:1024] / 16.0).astype("float32").tolist(),
+                          "label": y[:1024].astype("int64")})  # fmt: skip
+    data = prepare(connect.createDataFrame(frame), features="pixels", label="label",
+                   cache_dir=str(tmp_path / "cache"))  # fmt: skip
+    result = HorovodRunner(np=2).run(
+        fit, build_model=build_model, data=data, epochs=4, batch_size=32, learning_rate=0.003,
+        loss="sparse_categorical_crossentropy", metrics=["accuracy"],
+    )  # fmt: skip
+    launched = [r.getMessage() for r in caplog.records if "over Spark Connect" in r.getMessage()]
+    assert launched, "the job did not launch through the Connect backend"
+    assert result.num_ranks == 2 and result.history["accuracy"][-1] > 0.8
+    assert np.isfinite(result.history["loss"]).all()
+    # A Connect session is what standard access mode's notebooks hold: named as such there.
+    assert workspace.access_mode(connect, env={"DATABRICKS_RUNTIME_VERSION": "18.0"}) == "standard"
