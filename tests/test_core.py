@@ -114,3 +114,18 @@ def test_rank0_first_in_a_job_of_several_ranks_needs_horovod_initialised(monkeyp
         rank0_first(),
     ):
         pass
+
+
+@pytest.mark.parametrize(
+    "name", ["epochs", "batch_size", "learning_rate", "warmup_epochs", "verbose",
+             "checkpoint_every", "fusion_threshold_mb"],
+)  # fmt: skip
+def test_a_bool_is_never_a_count_or_a_number(name):
+    """``True`` is an int to Python (``learning_rate=True`` was a rate of 1): every numeric
+    setting refuses it, naming the setting, through the one check (hvdrunner._checks)."""
+    from hvdrunner.keras.config import make_config
+
+    required = {"epochs": 2, "batch_size": 8, "loss": "mse"}
+    make_config(None, required)  # the same without the bool is fine
+    with pytest.raises(ValueError, match=rf"^{name} must be"):
+        make_config(None, {**required, name: True})

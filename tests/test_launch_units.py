@@ -12,6 +12,7 @@ import pytest
 from hvdrunner import HorovodRunnerError
 from hvdrunner._launch import protocol
 from hvdrunner._launch.driver import DriverService
+from hvdrunner._launch.limits import JobLimits
 from hvdrunner._launch.supervisor import describe_exit
 from hvdrunner._launch.task import TaskSpec, interface_for
 from hvdrunner.distributed import cuda_visible_devices
@@ -84,7 +85,7 @@ def test_a_task_that_falls_silent_is_a_lost_host_named_with_its_ranks():
     t0 = time.monotonic()
     try:
         with pytest.raises(HorovodRunnerError) as info:
-            service.wait(30, lambda: None, host_timeout=2.0)
+            service.wait(JobLimits(start_timeout=30, host_timeout=2.0), lambda: None)
     finally:
         stop.set()
         for chan in chans:
@@ -114,7 +115,7 @@ def test_lost_host_outranks_the_failures_it_causes_on_other_hosts():
     threading.Thread(target=play, daemon=True).start()
     try:
         with pytest.raises(HorovodRunnerError) as info:
-            service.wait(30, lambda: None)
+            service.wait(JobLimits(start_timeout=30), lambda: None)
     finally:
         a.close()
         service.close()

@@ -245,3 +245,39 @@ def test_the_access_mode_is_named_and_the_docs_say_what_works_there():
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
                           env={**os.environ, "IS_SERVERLESS": "TRUE"})  # fmt: skip
     assert proc.returncode == 1 and "This compute: serverless: no executors" in proc.stderr
+
+
+def test_the_wheel_check_names_a_tensorflow_or_gpu_the_wheel_was_not_built_for(tmp_path):
+    import importlib.util
+
+    def load(name: str):
+        spec = importlib.util.spec_from_file_location(
+            name, ROOT / "scripts" / "databricks" / f"{name}.py"
+        )
+        assert spec and spec.loader
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+        return module
+
+    check, build = load("check_wheel"), load("build_horovod_wheel")
+    key = "horovod-0.28.1-tf2.21.0-py312-cuda13.0-nccl2.30.7-sm75.80.90-gloo-nompi-px-x86_64"
+    assert build.cuda_archs(key) == ["75", "80", "90"]
+    assert build.cuda_archs("horovod-0.28.1-tf2.21.0-py312-cpu-gloo-nompi-px-x86_64") == []
+    assert build.pinned_version("tensorflow[and-cuda]==2.21.0") == "2.21.0"
+    assert build.pinned_version("tensorflow>=2.16") is None
+    wheel = tmp_path / "horovod-0.28.1-cp312-cp312-linux_x86_64.whl"
+    wheel.write_bytes(b"wheel")
+    Path(f"{wheel}.json").write_text(json.dumps(
+        {"runtime": "18.0", "cuda_archs": ["75", "80", "90"], "frameworks": {"tensorflow": "2.20.0"}}))  # fmt: skip
+    job = workspace.build_command("dev")
+    assert check.problems(str(wheel), job, "cp312", "18.0", gpus=["86"]) == []  # sm_80 runs on 8.6
+    (older,) = check.problems(str(wheel), job, "cp312", "18.0", gpus=["70"])
+    assert "this node's GPU is 70" in older and "--var cuda_archs=all" in older
+    assert workspace.build_command("dev", rebuild=True) in older
+    (tf,) = check.problems(
+        str(wheel), job, "cp312", "18.0", requires="tensorflow[and-cuda]==2.21.0"
+    )
+    assert (
+        "built against tensorflow 2.20.0" in tf
+        and workspace.build_command("dev", rebuild=True) in tf
+    )

@@ -13,9 +13,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from hvdrunner import _noise, _versions, tracking
-from hvdrunner._checks import is_int, is_number
+from hvdrunner._checks import is_int
 from hvdrunner._launch import restarts, verdict
 from hvdrunner._launch.backend import Backend, Launch
+from hvdrunner._launch.limits import DEFAULTS, JobLimits
 from hvdrunner._logging import get_logger
 from hvdrunner._secrets import secrets_in
 from hvdrunner.distributed import ATTEMPT_ENV
@@ -35,12 +36,6 @@ def _local_pythonpath() -> tuple[str, ...]:
         if os.path.isdir(real) and not any(real.startswith(x) for x in prefixes):
             out.append(real)
     return tuple(dict.fromkeys(out))
-
-
-def _seconds(name: str, value: Any) -> float:
-    if not is_number(value, above=0):
-        raise ValueError(f"{name} must be a positive number of seconds, got {value!r}.")
-    return float(value)
 
 
 class _Terminated(SystemExit):
@@ -126,12 +121,12 @@ class HorovodRunner:
         *,
         np: int,
         driver_log_verbosity: str = "log_callback_only",
-        start_timeout: float = 600.0,
-        stall_timeout: float = 600.0,
-        exit_grace: float = 60.0,
-        timeout: float | None = None,
-        host_timeout: float = 30.0,
-        max_restarts: int = 0,
+        start_timeout: float = DEFAULTS.start_timeout,
+        stall_timeout: float = DEFAULTS.stall_timeout,
+        exit_grace: float = DEFAULTS.exit_grace,
+        timeout: float | None = DEFAULTS.timeout,
+        host_timeout: float = DEFAULTS.host_timeout,
+        max_restarts: int = DEFAULTS.max_restarts,
         min_np: int | None = None,
     ) -> None:
         if not is_int(np):
@@ -146,14 +141,12 @@ class HorovodRunner:
             )
         self.num_processor = np  # sparkdl's attribute name
         self.driver_log_verbosity = driver_log_verbosity
-        self.start_timeout = _seconds("start_timeout", start_timeout)
-        self.stall_timeout = _seconds("stall_timeout", stall_timeout)
-        self.exit_grace = _seconds("exit_grace", exit_grace)
-        # None: no bound on the whole job.
-        self.timeout = None if timeout is None else _seconds("timeout", timeout)
-        self.host_timeout = _seconds("host_timeout", host_timeout)
-        self.max_restarts = _count("max_restarts", max_restarts)
-        self.min_np = _check_min_np(min_np, np, self.max_restarts)
+        # The job's limits, validated once and passed whole to the driver, tasks and ranks.
+        self.limits = JobLimits(
+            start_timeout=start_timeout, stall_timeout=stall_timeout, exit_grace=exit_grace,
+            timeout=timeout, host_timeout=host_timeout, max_restarts=max_restarts,
+        )  # fmt: skip
+        self.min_np = _check_min_np(min_np, np, self.limits.max_restarts)
 
     def run(self, main: Callable[..., Any], **kwargs: Any) -> Any:
         """Run ``main(**kwargs)`` on every rank; return rank 0's return value.
@@ -192,7 +185,7 @@ class HorovodRunner:
         """The job, started again after each restartable failure (``max_restarts``), all
         attempts within one ``timeout``."""
         failed: list[restarts.Attempt] = []
-        deadline = None if self.timeout is None else time.monotonic() + self.timeout
+        deadline = self.limits.deadline(time.monotonic())
         carried = _Carried()
         while True:
             number = len(failed) + 1
@@ -203,13 +196,13 @@ class HorovodRunner:
                 result = self._attempt(target, payload, track_env, secrets, number, deadline,
                                        carried)  # fmt: skip
             except HorovodRunnerError as err:
-                if not self.max_restarts:
+                if not self.limits.max_restarts:
                     raise
-                failed.append(restarts.judge(err, failed, self.max_restarts, number, np))
+                failed.append(restarts.judge(err, failed, self.limits.max_restarts, number, np))
                 if not failed[-1].restart:
                     raise restarts.final_error(err, failed) from err
                 _log.warning(f"restarting the job (restart {number} of at most "
-                             f"{self.max_restarts}): {failed[-1].line()}")  # fmt: skip
+                             f"{self.limits.max_restarts}): {failed[-1].line()}")  # fmt: skip
                 tracking.note_restart(track_env, number, failed[-1].line(), secrets)
                 continue
             if failed:
@@ -240,7 +233,7 @@ class HorovodRunner:
             forward_output=self.driver_log_verbosity == "all",
             spread_host_gpus=target.backend.spread_host_gpus,
             pythonpath=_local_pythonpath(),
-            host_timeout=self.host_timeout,
+            limits=self.limits,
             quiet=_noise.CHATTER,
             quiet_without_gpu=_noise.CPU_NOISE,
             # Before user code: Horovod's Keras layer fails fast under Keras 3 (it would
@@ -263,7 +256,7 @@ class HorovodRunner:
         cluster has the slots again (``min_np``: at least those), waiting no longer than
         ``start_timeout`` and the job's ``timeout`` allow."""
         if deadline is not None and time.monotonic() >= deadline:
-            raise verdict.timeout_failure(float(self.timeout or 0.0))
+            raise verdict.timeout_failure(float(self.limits.timeout or 0.0))
         from hvdrunner._launch import backends  # the launch machinery loads with a job
 
         backend = backends.choose(self.num_processor)
@@ -272,17 +265,17 @@ class HorovodRunner:
             np = backend.slots()
             _log.info(f"np=0: using all {np} task slots of the cluster")
         if restarting:
-            wait = self.start_timeout
+            wait = self.limits.start_timeout
             if deadline is not None:
                 wait = max(0.0, min(wait, deadline - time.monotonic()))
             try:
                 np = backend.slots_for_restart(np, self.min_np, wait)
             except ValueError as exc:
                 if deadline is not None and time.monotonic() >= deadline:
-                    raise verdict.timeout_failure(float(self.timeout or 0.0)) from exc
+                    raise verdict.timeout_failure(float(self.limits.timeout or 0.0)) from exc
                 raise restarts.slots_failure(str(exc)) from exc
         else:
-            backend.preflight(np, self.min_np, self.start_timeout)
+            backend.preflight(np, self.min_np, self.limits.start_timeout)
         return _Target(np, backend, backend.driver_address())
 
     def _supervise(self, launch: Launch, service: Any, deadline: float | None) -> Any:
@@ -292,11 +285,7 @@ class HorovodRunner:
         ok = False
         try:
             launch.start()
-            result = service.wait(
-                self.start_timeout, launch.error,
-                exit_grace=self.exit_grace, timeout=self.timeout, deadline=deadline,
-                stall_timeout=self.stall_timeout, host_timeout=self.host_timeout,
-            )  # fmt: skip
+            result = service.wait(self.limits, launch.error, deadline=deadline)
             ok = True
         finally:
             if not ok:  # also on KeyboardInterrupt in the notebook: no rank outlives run()
@@ -322,12 +311,6 @@ class _Target:
     np: int
     backend: Backend
     addr: str  # the driver's address the ranks connect to
-
-
-def _count(name: str, value: Any) -> int:
-    if not is_int(value, at_least=0):
-        raise ValueError(f"{name} must be an int >= 0, got {value!r}.")
-    return value
 
 
 def _check_min_np(min_np: Any, np: int, max_restarts: int) -> int | None:

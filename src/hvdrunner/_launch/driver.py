@@ -19,8 +19,9 @@ from typing import Any
 import cloudpickle
 
 from hvdrunner._console import say
-from hvdrunner._launch import assignments, commits, protocol, rendezvous, verdict
+from hvdrunner._launch import assignments, commits, protocol, rendezvous, restarts, verdict
 from hvdrunner._launch.job import JobState
+from hvdrunner._launch.limits import JobLimits
 from hvdrunner._launch.verdict import lost_failure, rank_failure, stall_failure
 from hvdrunner._logging import get_logger
 from hvdrunner._secrets import scrub
@@ -222,31 +223,20 @@ class DriverService:
     # -- the verdict ---------------------------------------------------------------------
     def wait(
         self,
-        start_timeout: float,
+        limits: JobLimits,
         job_error: Callable[[], BaseException | None],
         on_line: Callable[[str], None] | None = None,
-        exit_grace: float = 60.0,
-        timeout: float | None = None,
-        stall_timeout: float = 600.0,
-        host_timeout: float = 30.0,
         deadline: float | None = None,
     ) -> Any:
         """Consume events until success (returns rank 0's value) or failure (raises).
 
         Args:
-            start_timeout: seconds for all ``np`` ranks to register.
+            limits: the job's limits (start, stall, host, exit grace; the job's ``timeout``
+                names the bound ``deadline`` ends).
             job_error: returns the launch backend's error (e.g. the Spark job failed), if any.
             on_line: where driver-side output goes; default prints to the current stdout.
-            exit_grace: seconds the other ranks get to exit after rank 0 returned; then
-                they are stopped with a warning and rank 0's value is returned.
-            timeout: the whole job's bound in seconds (``None``: none), counted from this
-                call unless ``deadline`` says when it ends.
-            deadline: when ``timeout`` runs out (``time.monotonic()``), for a job whose
-                earlier attempts already used part of it.
-            stall_timeout: seconds a rank may wait inside a framework or Horovod call (a
-                collective) while another rank does not; then the job fails naming it.
-            host_timeout: seconds without a frame (beats every second) from a started
-                task before its host is declared lost (a cut network closes nothing).
+            deadline: when the job's ``timeout`` runs out (``time.monotonic()``), counted from
+                its first attempt; None: from this call (``limits.deadline``).
         """
         show = on_line or say
 
@@ -254,34 +244,33 @@ class DriverService:
             show(self._scrub(text))
 
         started = time.monotonic()
-        if deadline is None and timeout is not None:
-            deadline = started + timeout
+        if deadline is None:
+            deadline = limits.deadline(started)
         job = JobState(self.np, self._assign, self._lost_failure)
         try:
-            return self._run_job(job, emit, exit_grace, timeout, deadline, stall_timeout,
-                                 start_timeout, job_error, host_timeout, started)  # fmt: skip
+            return self._run_job(job, emit, limits, deadline, job_error, started)
         finally:
             self.commit = job.commit or self.commit
 
     def _run_job(
-        self, job: JobState, emit: Callable[[str], None], exit_grace: float,
-        timeout: float | None, deadline: float | None, stall_timeout: float,
-        start_timeout: float, job_error: Callable[[], BaseException | None],
-        host_timeout: float, started: float,
+        self, job: JobState, emit: Callable[[str], None], limits: JobLimits,
+        deadline: float | None, job_error: Callable[[], BaseException | None], started: float,
     ) -> Any:  # fmt: skip
         """The event loop of :meth:`wait`, then its verdict."""
         while job.running:
             now = time.monotonic()
-            if job.rank0_done is not None and now - job.rank0_done > exit_grace:
-                self._stop_late_ranks(job, exit_grace, emit)
+            if job.rank0_done is not None and now - job.rank0_done > limits.exit_grace:
+                self._stop_late_ranks(job, limits.exit_grace, emit)
                 break
-            job.failure = self._limit_failure(job, timeout, deadline, stall_timeout, host_timeout)
+            job.failure = self._limit_failure(job, limits, deadline)
             if job.failure is not None:
                 break
             try:
                 cid, message = self._events.get(timeout=0.2)
             except queue.Empty:
-                job.failure = self._idle_failure(job, job_error, now - started, start_timeout)
+                job.failure = self._idle_failure(
+                    job, job_error, now - started, limits.start_timeout
+                )
                 continue
             with self._lock:
                 conn = self._conns.get(cid)
@@ -292,7 +281,7 @@ class DriverService:
             else:
                 job.handle(conn, message)
         if job.failing:
-            failure = self._verdict(job, emit, host_timeout)
+            failure = self._verdict(job, emit, limits.host_timeout)
             if not _finished_before(job, failure):
                 raise failure
             # Rank 0's value is the job's: training ended before this rank was lost.
@@ -300,18 +289,17 @@ class DriverService:
         return _rank0_value(job.result)
 
     def _limit_failure(
-        self, job: JobState, timeout: float | None, deadline: float | None,
-        stall_timeout: float, host_timeout: float,
-    ) -> HorovodRunnerError | None:  # fmt: skip
+        self, job: JobState, limits: JobLimits, deadline: float | None
+    ) -> HorovodRunnerError | None:
         """A stall, a host fallen silent, or the job's own time limit."""
         now = time.monotonic()
-        stall = stall_failure(job.stuck, self.np, stall_timeout, now)
+        stall = stall_failure(job.stuck, self.np, limits.stall_timeout, now)
         if stall is not None:
             return stall
-        if job.assigned and self._mark_silent(host_timeout):
+        if job.assigned and self._mark_silent(limits.host_timeout):
             return self._lost_failure()
         if deadline is not None and now > deadline:
-            return verdict.timeout_failure(timeout if timeout is not None else 0.0)
+            return verdict.timeout_failure(limits.timeout or 0.0)
         return None
 
     def _idle_failure(
@@ -393,16 +381,12 @@ class DriverService:
                 conn.lost = True
 
 
-#: Failures of the machine, not the code: after rank 0 returned they do not undo the job.
-_INFRASTRUCTURE_CAUSES = ("died", "lost", "backend")
-
-
 def _finished_before(job: JobState, failure: HorovodRunnerError) -> bool:
     """Whether rank 0 had returned its value before another rank was killed or lost."""
     return (
         job.rank0_done is not None
         and job.result is not None
-        and failure.cause in _INFRASTRUCTURE_CAUSES
+        and failure.cause in restarts.INFRASTRUCTURE  # the machine's, not the code's
         and failure.rank != 0
     )
 

@@ -37,12 +37,14 @@ from dataclasses import dataclass
 
 from hvdrunner.errors import Cause, HorovodRunnerError
 
-#: Causes a restart can fix: the infrastructure failed, not the code.
-_INFRASTRUCTURE = {
+#: Causes a restart can fix: the infrastructure failed, not the code (the driver also reads
+#: it: after rank 0 returned, these do not undo the job).
+INFRASTRUCTURE = {
     "lost": "a lost host or task is infrastructure",
     "died": "a rank killed by a signal (spot reclaim, OOM killer, kill) or exiting non-zero "
     "without a Python exception is infrastructure",
-    "backend": "the Spark job failed under the ranks (an executor lost, a stage cancelled)",
+    "backend": "the launch backend's job failed under the ranks (on Spark: an executor lost, "
+    "a stage cancelled)",
 }
 #: Causes a restart cannot fix, and why.
 _FINAL = {
@@ -116,8 +118,8 @@ def judge(
     cause = err.cause
     if cause == "raised":
         restart, why, place = _raised(err, earlier)
-    elif cause in _INFRASTRUCTURE:
-        restart, why, place = True, _INFRASTRUCTURE[cause], None
+    elif cause in INFRASTRUCTURE:
+        restart, why, place = True, INFRASTRUCTURE[cause], None
     else:
         restart, why, place = False, _FINAL.get(str(cause), "not a failure a restart fixes"), None
     if restart and len(earlier) >= max_restarts:

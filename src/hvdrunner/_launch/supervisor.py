@@ -62,7 +62,7 @@ class RankSupervisor:
         env: Mapping[str, str],
         payload: bytes,
         forward_output: bool,
-        host_timeout: float = 30.0,
+        host_timeout: float,
         quiet: tuple[str, ...] = (),
         quiet_without_gpu: tuple[str, ...] = (),
         commit: bytes | None = None,

@@ -17,6 +17,7 @@ import psutil
 
 from hvdrunner import _horovod_knobs, multihost
 from hvdrunner._launch import assignments, protocol
+from hvdrunner._launch.limits import DEFAULTS, JobLimits
 from hvdrunner._launch.supervisor import NO_GPU_ENV, RankSupervisor
 from hvdrunner._launch.worker import LIBRARY_DIRS_ENV, RANK_SETUP_ENV, RANK_TEARDOWN_ENV
 from hvdrunner.distributed import cuda_visible_devices, host_gpus
@@ -33,7 +34,7 @@ class TaskSpec:
     forward_output: bool
     spread_host_gpus: bool
     pythonpath: tuple[str, ...] = ()
-    host_timeout: float = 30.0  # driver silent this long: it (or our link) is gone
+    limits: JobLimits = DEFAULTS  # host_timeout: the driver silent this long is gone
     # What the caller knows of frameworks, handed down: output markers never relayed
     # (without a GPU, ``quiet_without_gpu`` too), and "module:function" hooks each rank
     # calls before the user's function.
@@ -169,7 +170,7 @@ def run_slot(spec: TaskSpec, partition: int, address: str, task_gpus: Sequence[s
             channel.send(protocol.ExitReport(rank, 1, "setup failed", protocol.error_report(exc)))
             return 1
         supervisor = RankSupervisor(
-            channel, rank, env, spec.payload, spec.forward_output, spec.host_timeout,
+            channel, rank, env, spec.payload, spec.forward_output, spec.limits.host_timeout,
             quiet=spec.quiet, quiet_without_gpu=spec.quiet_without_gpu, commit=message.commit,
         )  # fmt: skip
         return supervisor.run()

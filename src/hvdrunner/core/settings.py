@@ -54,6 +54,12 @@ def check_named(kind: str, value: Any, names: tuple[str, ...], example: str) -> 
         )
 
 
+def check_verbose(value: Any) -> None:
+    """``verbose`` of every ``fit``: 0 (silent), 1 or 2 - an int, never a bool."""
+    if not is_int(value, at_least=0) or value > 2:  # True == 1 to Python: refused
+        raise ValueError(f"verbose must be 0 (silent), 1 or 2, got {value!r}")
+
+
 def _positive_int(name: str, value: Any) -> None:
     if not is_int(value, at_least=1):
         raise ValueError(f"{name} must be a positive int, got {value!r}")
@@ -106,15 +112,11 @@ class TrainingSettings:
     def __post_init__(self) -> None:
         for name in ("epochs", "batch_size", "checkpoint_every", "keep_checkpoints"):
             _positive_int(name, getattr(self, name))
-        if (
-            isinstance(self.warmup_epochs, bool)
-            or not isinstance(self.warmup_epochs, int)
-            or self.warmup_epochs < 0
-        ):
+        if not is_int(self.warmup_epochs, at_least=0):
             raise ValueError(
                 f"warmup_epochs must be an int >= 0 (0 = no warmup), got {self.warmup_epochs!r}"
             )
-        if not isinstance(self.learning_rate, (int, float)) or not self.learning_rate > 0:
+        if not is_number(self.learning_rate, above=0):  # True is an int to Python, not a rate
             raise ValueError(f"learning_rate must be a positive number, got {self.learning_rate!r}")
         if self.compression not in ("none", "fp16"):
             raise ValueError(

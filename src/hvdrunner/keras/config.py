@@ -50,6 +50,7 @@ class FitConfig(TrainingSettings):
 
     def __post_init__(self) -> None:
         super().__post_init__()
+        core_settings.check_verbose(self.verbose)
         core_settings.check_named(
             "optimizer", self.optimizer, _OPTIMIZERS,
             "a function lr -> Keras optimizer: lambda lr: keras.optimizers.SGD(lr, momentum=0.9)",

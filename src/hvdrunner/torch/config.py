@@ -17,7 +17,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from hvdrunner._checks import is_number
+from hvdrunner._checks import is_int, is_number
 from hvdrunner.core import settings as core_settings
 from hvdrunner.core.settings import FitResult, TrainingSettings
 
@@ -82,18 +82,13 @@ class FitConfig(TrainingSettings):
             core_settings.check_named(
                 "metrics item", m, METRICS, "metrics=[my_metric] (output, target) -> tensor"
             )
-        if self.verbose not in (0, 1, 2):
-            raise ValueError(f"verbose must be 0 (silent), 1 or 2, got {self.verbose!r}")
+        core_settings.check_verbose(self.verbose)
         if not is_number(self.bucket_cap_mb, at_least=0):
             raise ValueError(
                 f"bucket_cap_mb must be a number >= 0 (0: one allreduce request per gradient "
                 f"tensor), got {self.bucket_cap_mb!r}"
             )
-        if self.num_threads is not None and (
-            isinstance(self.num_threads, bool)
-            or not isinstance(self.num_threads, int)
-            or self.num_threads < 1
-        ):
+        if self.num_threads is not None and not is_int(self.num_threads, at_least=1):
             raise ValueError(
                 f"num_threads must be None (cores / ranks on the host) or an int >= 1, got "
                 f"{self.num_threads!r}"
