@@ -17,7 +17,7 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 os.environ["PYSPARK_PYTHON"] = sys.executable
 os.environ["PYSPARK_DRIVER_PYTHON"] = sys.executable
 
-WORKER_MODULE = "hvdrunner._launch.worker"
+WORKER_MODULE = "hvdrunner._launch.rank.worker"
 
 
 def _keras_on_torch() -> bool:

@@ -301,7 +301,7 @@ def _worker_ranks(pid: int) -> list[psutil.Process]:
     out = []
     for p in psutil.Process(pid).children(recursive=True):
         try:
-            if "hvdrunner._launch.worker" in " ".join(p.cmdline()):
+            if "hvdrunner._launch.rank.worker" in " ".join(p.cmdline()):
                 out.append(p)
         except (psutil.NoSuchProcess, psutil.ZombieProcess, psutil.AccessDenied):
             continue

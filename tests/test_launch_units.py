@@ -11,10 +11,10 @@ import pytest
 
 from hvdrunner import HorovodRunnerError
 from hvdrunner._launch import protocol
-from hvdrunner._launch.driver import DriverService
+from hvdrunner._launch.driver.service import DriverService
 from hvdrunner._launch.limits import JobLimits
-from hvdrunner._launch.supervisor import describe_exit
-from hvdrunner._launch.task import TaskSpec, interface_for
+from hvdrunner._launch.rank.supervisor import describe_exit
+from hvdrunner._launch.rank.task import TaskSpec, interface_for
 from hvdrunner.distributed import cuda_visible_devices
 
 
@@ -123,7 +123,7 @@ def test_lost_host_outranks_the_failures_it_causes_on_other_hosts():
 
 
 def test_lost_failure_names_whole_hosts_and_single_ranks():
-    from hvdrunner._launch.verdict import lost_failure
+    from hvdrunner._launch.driver.verdict import lost_failure
 
     rows = [("a", 0, "node-a (10.0.0.1)", False), ("a", 1, "node-a (10.0.0.1)", False),
             ("b", 2, "node-b (10.0.0.2)", True), ("b", 3, "node-b (10.0.0.2)", True),
@@ -165,7 +165,7 @@ def test_frames_become_typed_messages_or_are_refused():
 
 
 def test_job_state_one_handler_per_message():
-    from hvdrunner._launch.job import JobState
+    from hvdrunner._launch.driver.job import JobState
 
     assigned: list[list] = []
     job = JobState(2, assigned.append, lambda: HorovodRunnerError("lost"))
@@ -195,7 +195,7 @@ def test_job_state_one_handler_per_message():
 def test_a_rank_that_only_saw_its_peer_go_is_not_named_the_cause():
     """Rank 1 is killed; rank 0's collective fails at once and its report may arrive first.
     The verdict names the killed rank, and keeps a real error over a later consequence."""
-    from hvdrunner._launch.job import JobState
+    from hvdrunner._launch.driver.job import JobState
 
     gone = protocol.ErrorReport("HorovodInternalError", "hvdrunner.errors",
                                 "gradient allreduce failed: Connection closed by peer", "")  # fmt: skip
@@ -229,7 +229,7 @@ def test_tensorflow_cuda_probing_lines_are_noise_only_without_a_gpu():
 
 
 def test_hosts_with_different_horovod_builds_fail_the_job_before_any_rank_starts():
-    from hvdrunner._launch.job import JobState
+    from hvdrunner._launch.driver.job import JobState
 
     assigned: list = []
     job = JobState(3, assigned.append, lambda: None)

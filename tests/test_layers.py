@@ -91,6 +91,11 @@ def test_the_import_graph_has_no_cycle():
         ("hvdrunner.torch", ("hvdrunner.keras", "hvdrunner.hvd_keras", "hvdrunner.petastorm")),
         ("hvdrunner.keras", ("hvdrunner.torch", "hvdrunner.petastorm", "hvdrunner.hvd_keras")),
         ("hvdrunner._launch", ("hvdrunner.keras", "hvdrunner.torch", "hvdrunner.tracking")),
+        # the launch folder's two sides never import each other; backends start ranks
+        # (rank.task) and leave the verdict to the driver side
+        ("hvdrunner._launch.driver", ("hvdrunner._launch.rank", "hvdrunner._launch.backends")),
+        ("hvdrunner._launch.rank", ("hvdrunner._launch.driver", "hvdrunner._launch.backends")),
+        ("hvdrunner._launch.backends", ("hvdrunner._launch.driver",)),
         ("hvdrunner.data", ("hvdrunner.keras", "hvdrunner.torch", "hvdrunner.petastorm")),
         ("hvdrunner.tracking", ("hvdrunner.keras", "hvdrunner.torch", "hvdrunner._launch")),
         # petastorm's API over the data layer: its torch feed may use torch's tensor helper
@@ -116,6 +121,22 @@ def test_layers_keep_apart(layer, forbidden):
         if any(d == f or d.startswith(f + ".") for f in forbidden)
     }
     assert not bad, f"{layer} must not import {forbidden}: {sorted(bad)}"
+
+
+def test_nothing_reaches_past_the_launch_seam():
+    """Outside the launch folder a backend is reached through the chooser and the protocol
+    only (``backends``, ``backends.base``): adding one is one module and one line."""
+    seam = {"hvdrunner._launch.backends", "hvdrunner._launch.backends.base"}
+    bad = {
+        (m, d)
+        for m, deps in _graph().items()
+        if not m.startswith("hvdrunner._launch")
+        for d in deps
+        if d.startswith("hvdrunner._launch.backends") and d not in seam
+    }
+    assert not bad, f"imports past the launch seam: {sorted(bad)}"
+    backends = {p.stem for p in (PKG / "_launch" / "backends").glob("*.py")}
+    assert backends == {"__init__", "base", "barrier", "classic", "connect", "local"}
 
 
 def test_the_scan_finds_function_local_imports(tmp_path, monkeypatch):

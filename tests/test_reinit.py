@@ -1,7 +1,7 @@
 """``hvd.init()`` after ``hvd.shutdown()``, many times (an elastic reset, Horovod's own test
 suite, code that re-initialises): no rank dies in ``hvd.init()``.
 
-The cause it guards against (hvdrunner/_launch/rendezvous.py,
+The cause it guards against (hvdrunner/_launch/driver/rendezvous.py,
 patches/horovod-0.28.1-rendezvous-scopes.patch): horovod 0.28.1's rendezvous server cleared
 every scope's finished-rank list when one scope finished, so a scope could keep the previous
 init's addresses and the next init connected to a closed port (SIGABRT). The scope rule is
@@ -38,7 +38,7 @@ def test_a_finished_scope_forgets_only_itself(server):
     from horovod.runner.common.util.hosts import HostInfo, get_host_assignments
     from horovod.runner.http.http_server import RendezvousHandler, RendezvousServer
 
-    from hvdrunner._launch import rendezvous
+    from hvdrunner._launch.driver import rendezvous
 
     plan = get_host_assignments([HostInfo("h", 2)], 2)  # global(2), local_h(2), cross_0/1(1)
     if server == "hvdrunner":

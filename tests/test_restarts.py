@@ -15,7 +15,7 @@ import mlflow
 import pytest
 
 from hvdrunner import HorovodRunner, HorovodRunnerError, RanksOutOfSyncError
-from hvdrunner._launch.restarts import Attempt, final_error, judge
+from hvdrunner._launch.driver.restarts import Attempt, final_error, judge
 from hvdrunner.distributed import attempt, rank
 
 #: A killed rank ends its attempt within seconds (docs/faults.md); a restart adds a launch.

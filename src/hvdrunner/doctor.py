@@ -287,16 +287,16 @@ def environment_checks(master: str | None) -> list[Check]:
     except ImportError:
         pass
     if master:
-        from hvdrunner._launch.spark_backend import task_slots
+        from hvdrunner._launch import backends  # through the launch seam
         from hvdrunner.spark import local_session
 
         spark = local_session(master)
-        slots, why = task_slots(spark.sparkContext)
+        slots = backends.choose(1).describe_slots()
         checks.append(
             Check(
                 f"Spark {spark.version} master {master}",
                 None,
-                f"{slots} task slots ({why})",
+                slots,
                 required=False,
             )
         )

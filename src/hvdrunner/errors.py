@@ -31,7 +31,7 @@ class HorovodRunnerError(RuntimeError):
         remote_traceback: the remote traceback, as text.
         output_tail: the last lines of that rank's stdout/stderr.
         cause: what kind of failure it was, for the restart policy
-            (:mod:`hvdrunner._launch.restarts`): ``"lost"`` (a host or task vanished),
+            (:mod:`hvdrunner._launch.driver.restarts`): ``"lost"`` (a host or task vanished),
             ``"died"`` (a rank killed by a signal or exiting non-zero without an exception),
             ``"raised"``, ``"early"`` (a rank returned while others ran collectives),
             ``"backend"`` (the Spark job failed), ``"stall"``, ``"timeout"``, ``"start"``,

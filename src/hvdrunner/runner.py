@@ -10,17 +10,19 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from hvdrunner import _noise, _versions, tracking
 from hvdrunner._checks import is_int
-from hvdrunner._launch import restarts, verdict
-from hvdrunner._launch.backend import Backend, Launch
+from hvdrunner._launch.driver import restarts, verdict
 from hvdrunner._launch.limits import DEFAULTS, JobLimits
 from hvdrunner._logging import get_logger
 from hvdrunner._secrets import secrets_in
 from hvdrunner.distributed import ATTEMPT_ENV
 from hvdrunner.errors import HorovodRunnerError
+
+if TYPE_CHECKING:  # the backends package loads the launch machinery (psutil) with a job only
+    from hvdrunner._launch.backends.base import Backend, Launch
 
 _log = get_logger()
 
@@ -215,8 +217,8 @@ class HorovodRunner:
     ) -> Any:  # fmt: skip
         """One launch of the job: its own key, driver service, rendezvous and Spark job."""
         from hvdrunner._launch.assignments import make_key
-        from hvdrunner._launch.driver import DriverService
-        from hvdrunner._launch.task import TaskSpec
+        from hvdrunner._launch.driver.service import DriverService
+        from hvdrunner._launch.rank.task import TaskSpec
 
         key = make_key()
         service = DriverService(

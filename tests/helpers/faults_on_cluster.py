@@ -235,7 +235,7 @@ def _rank_processes_anywhere(job: Any) -> list[int]:
                     cmd = Path(f"/proc/{pid}/cmdline").read_bytes()
                 except OSError:
                     continue
-                if b"hvdrunner._launch.worker" in cmd:
+                if b"hvdrunner._launch.rank.worker" in cmd:
                     left.append(pid)
         if not left or time.monotonic() > deadline:
             return left

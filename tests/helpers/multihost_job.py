@@ -411,7 +411,7 @@ def _rank_processes(pids: list[int]) -> list[int]:
             cmd = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
         except OSError:
             continue
-        if "hvdrunner._launch.worker" in cmd:
+        if "hvdrunner._launch.rank.worker" in cmd:
             out.append(pid)
     return out
 

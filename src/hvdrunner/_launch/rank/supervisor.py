@@ -23,7 +23,7 @@ import psutil
 from hvdrunner._console import say
 from hvdrunner._launch import protocol
 from hvdrunner._launch.commits import COMMIT_FILE_ENV
-from hvdrunner._launch.worker import CONTROL_FD_ENV
+from hvdrunner._launch.rank.worker import CONTROL_FD_ENV
 from hvdrunner._logging import get_logger
 from hvdrunner._noise import noisy
 
@@ -53,7 +53,7 @@ NO_GPU_ENV = "HVDRUNNER_NO_GPU"
 
 
 class RankSupervisor:
-    """Runs ``python -m hvdrunner._launch.worker`` for one rank and reports to ``channel``."""
+    """Runs ``python -m hvdrunner._launch.rank.worker`` for one rank and reports to ``channel``."""
 
     def __init__(
         self,
@@ -220,7 +220,7 @@ class RankSupervisor:
             env["PYTHONUNBUFFERED"] = "1"
             try:
                 self._proc = subprocess.Popen(
-                    [sys.executable, "-m", "hvdrunner._launch.worker", payload_path],
+                    [sys.executable, "-m", "hvdrunner._launch.rank.worker", payload_path],
                     env=env,
                     stdin=subprocess.DEVNULL,
                     stdout=subprocess.PIPE,

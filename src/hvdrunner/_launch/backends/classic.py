@@ -4,13 +4,16 @@ SparkContext in this process (``np >= 0``; a Spark Connect session has its own b
 from __future__ import annotations
 
 import socket
-import threading
 import time
-import uuid
-from collections.abc import Iterator
 from typing import Any
 
-from hvdrunner._launch.task import TaskSpec, run_slot
+from hvdrunner._launch.backends.barrier import (
+    BarrierStageLaunch,
+    barrier_task,
+    refuse_dynamic_allocation,
+    refuse_np_above,
+)
+from hvdrunner._launch.rank.task import TaskSpec
 
 #: How long preflight waits for executors to register before declaring too few slots.
 EXECUTOR_WAIT_S = 30.0
@@ -87,29 +90,6 @@ def preflight(sc: Any, np: int, wait_s: float = EXECUTOR_WAIT_S) -> None:
     refuse_np_above(np, slots, f"{why}, master={sc.master}")
 
 
-def refuse_dynamic_allocation(enabled: str) -> None:
-    """Raise ``RuntimeError`` when ``spark.dynamicAllocation.enabled`` is ``enabled``: barrier
-    stages refuse it (both session backends' preflight)."""
-    if enabled.lower() == "true":
-        raise RuntimeError(
-            "Spark dynamic allocation (spark.dynamicAllocation.enabled=true) cannot serve "
-            "barrier-mode stages, which Horovod needs. Disable it on the cluster (on "
-            "Databricks: a fixed-size cluster without autoscaling), or use np<0 to run on "
-            "the driver only."
-        )
-
-
-def refuse_np_above(np: int, slots: int, why: str) -> None:
-    """Raise ``ValueError`` when ``np`` ranks need more task slots than ``slots`` (``why``:
-    what limits them), naming the fixes (both session backends' preflight)."""
-    if slots < np:
-        raise ValueError(
-            f"np={np} needs {np} Spark tasks at once, but the cluster offers {slots} task "
-            f"slots ({why}). Pass np<={slots}, add workers, or lower "
-            f"spark.task.cpus / spark.task.resource.gpu.amount."
-        )
-
-
 #: With ``min_np``, how long a restart waits for ``np`` free slots before it takes fewer:
 #: the failed attempt's own tasks take a moment to end after their job was cancelled.
 SETTLE_S = 3.0
@@ -157,64 +137,6 @@ def driver_address(sc: Any) -> str:
     return socket.gethostbyname(host)
 
 
-def run_barrier_slot(spec: TaskSpec) -> int:
-    """Inside a barrier task (an RDD's or a DataFrame's): this task's slot, from its context."""
-    from pyspark import BarrierTaskContext
-
-    ctx = BarrierTaskContext.get()
-    partition = ctx.partitionId()
-    address = ctx.getTaskInfos()[partition].address.rsplit(":", 1)[0]
-    resources = ctx.resources()
-    gpus = list(resources["gpu"].addresses) if "gpu" in resources else []
-    return run_slot(spec, partition, address, gpus)
-
-
-def _barrier_task(spec: TaskSpec) -> Any:
-    def task(_: Iterator[Any]) -> Iterator[int]:
-        yield run_barrier_slot(spec)
-
-    return task
-
-
-class BarrierStageLaunch:
-    """A :class:`~hvdrunner._launch.backend.Launch` of one barrier stage: run in a background
-    thread (:meth:`_stage`), cancellable (:meth:`_cancel`), its error kept. Each session
-    backend says how it runs and cancels its stage."""
-
-    def __init__(self, np: int, spec: TaskSpec, thread_name: str) -> None:
-        self._np = np
-        self._spec = spec
-        self._group = f"hvdrunner-{uuid.uuid4().hex[:12]}"  # the stage's job group or tag
-        self._error: BaseException | None = None
-        self._thread = threading.Thread(target=self._run, name=thread_name, daemon=True)
-
-    def _stage(self) -> None:
-        """Run the stage to its end (in the background thread)."""
-        raise NotImplementedError
-
-    def _cancel(self) -> None:
-        """Cancel the stage (from the caller's thread)."""
-        raise NotImplementedError
-
-    def _run(self) -> None:
-        try:
-            self._stage()
-        except BaseException as exc:  # noqa: BLE001 - surfaced through error()
-            self._error = exc
-
-    def start(self) -> None:
-        self._thread.start()
-
-    def error(self) -> BaseException | None:
-        return self._error
-
-    def stop(self, cancel: bool) -> None:
-        """Wait for the stage to end; cancel it first when the job failed."""
-        if cancel:
-            self._cancel()
-        self._thread.join(timeout=30 if cancel else None)
-
-
 class SparkLaunch(BarrierStageLaunch):
     """The barrier stage of an RDD, under its own job group."""
 
@@ -225,14 +147,14 @@ class SparkLaunch(BarrierStageLaunch):
     def _stage(self) -> None:
         self._sc.setJobGroup(self._group, f"hvdrunner: {self._np} Horovod ranks", True)
         rdd = self._sc.parallelize(range(self._np), self._np)
-        rdd.barrier().mapPartitions(_barrier_task(self._spec)).collect()
+        rdd.barrier().mapPartitions(barrier_task(self._spec)).collect()
 
     def _cancel(self) -> None:
         self._sc.cancelJobGroup(self._group)
 
 
 class ClassicBackend:
-    """:class:`~hvdrunner._launch.backend.Backend` on this process's SparkContext."""
+    """:class:`~hvdrunner._launch.backends.base.Backend` on this process's SparkContext."""
 
     bind = "0.0.0.0"
 
@@ -253,6 +175,10 @@ class ClassicBackend:
 
     def slots(self) -> int:
         return task_slots(self._sc)[0]
+
+    def describe_slots(self) -> str:
+        slots, why = task_slots(self._sc)
+        return f"{slots} task slots ({why})"
 
     def preflight(self, np: int, min_np: int | None, wait_s: float) -> None:
         preflight(self._sc, np, wait_s=wait_s)

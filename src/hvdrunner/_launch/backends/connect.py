@@ -19,13 +19,13 @@ import sys
 from collections.abc import Iterator
 from typing import Any
 
-from hvdrunner._launch.spark_backend import (
+from hvdrunner._launch.backends.barrier import (
     BarrierStageLaunch,
     refuse_dynamic_allocation,
     refuse_np_above,
     run_barrier_slot,
 )
-from hvdrunner._launch.task import TaskSpec, local_ip_towards
+from hvdrunner._launch.rank.task import TaskSpec, local_ip_towards
 
 #: Overrides the address the ranks reach this process at (a client behind NAT, a host with
 #: several interfaces): the ranks connect back to the process that called ``run()``.
@@ -126,7 +126,7 @@ class ConnectLaunch(BarrierStageLaunch):
 
 
 class ConnectBackend:
-    """:class:`~hvdrunner._launch.backend.Backend` on a Spark Connect session."""
+    """:class:`~hvdrunner._launch.backends.base.Backend` on a Spark Connect session."""
 
     bind = "0.0.0.0"
 
@@ -149,6 +149,10 @@ class ConnectBackend:
                 f"cannot count here ({why}). Pass np=N, the number of ranks to run."
             )
         return slots
+
+    def describe_slots(self) -> str:
+        slots, why = task_slots(self._spark)
+        return f"{'an unknown number of' if slots is None else slots} task slots ({why})"
 
     def preflight(self, np: int, min_np: int | None, wait_s: float) -> None:
         if min_np is not None:

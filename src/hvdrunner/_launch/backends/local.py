@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import threading
 
-from hvdrunner._launch.task import TaskSpec, run_slot
+from hvdrunner._launch.rank.task import TaskSpec, run_slot
 from hvdrunner._logging import get_logger
 
 _log = get_logger()
@@ -42,11 +42,19 @@ class LocalLaunch:
 
 
 class LocalBackend:
-    """:class:`~hvdrunner._launch.backend.Backend` of ``np < 0``: driver processes."""
+    """:class:`~hvdrunner._launch.backends.base.Backend` of ``np < 0``: driver processes."""
 
     where = "driver processes"
     bind = "127.0.0.1"
     spread_host_gpus = True
+
+    @classmethod
+    def active(cls) -> LocalBackend | None:
+        """None: driver processes hold no session; the chooser picks them for ``np < 0``."""
+        return None
+
+    def describe_slots(self) -> str:
+        return "no task slots: np<0 starts -np processes on this machine"
 
     def slots(self) -> int:  # pragma: no cover - np=0 never reaches the local backend
         raise ValueError("np=0 counts a Spark cluster's task slots; on the driver pass np=-N.")

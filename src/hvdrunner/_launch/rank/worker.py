@@ -1,4 +1,4 @@
-"""Entry point of one rank's child process: ``python -m hvdrunner._launch.worker PAYLOAD``.
+"""Entry point of one rank's child process: ``python -m hvdrunner._launch.rank.worker PAYLOAD``.
 
 The supervisor starts this in a fresh interpreter (isolated TF/CUDA state) with the Horovod
 environment already set. It loads the cloudpickled ``(fn, kwargs)``, calls ``fn(**kwargs)``
@@ -93,7 +93,7 @@ def main(payload_path: str) -> int:
         lambda path: control.send(protocol.Commit(path)),
         os.path.dirname(os.path.abspath(payload_path)),
     )  # the supervisor's folder
-    from hvdrunner._launch import watchdog
+    from hvdrunner._launch.rank import watchdog
 
     watchdog.start(control.send, _listed(LIBRARY_DIRS_ENV))
     rank = int(os.environ.get("HOROVOD_RANK", "0"))

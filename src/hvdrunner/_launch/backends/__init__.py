@@ -1,20 +1,21 @@
-"""Which :class:`~hvdrunner._launch.backend.Backend` a job runs on.
+"""Which :class:`~hvdrunner._launch.backends.base.Backend` a job runs on.
 
 ``np < 0``: driver processes. Otherwise the first backend whose session is active, in the
-order of :data:`_SESSION_BACKENDS`: a Spark Connect session before a SparkContext (a process
+order of :data:`SESSION_BACKENDS`: a Spark Connect session before a SparkContext (a process
 may hold both - a local Connect server's host - and the session the user holds is the one
-they mean). A new backend is one module with a ``Backend.active()`` and a line here.
+they mean). How to add one: :mod:`hvdrunner._launch.backends.base`.
 """
 
 from __future__ import annotations
 
 from hvdrunner import workspace
-from hvdrunner._launch.backend import Backend
-from hvdrunner._launch.connect_backend import ConnectBackend
-from hvdrunner._launch.local_backend import LocalBackend
-from hvdrunner._launch.spark_backend import ClassicBackend
+from hvdrunner._launch.backends.base import Backend
+from hvdrunner._launch.backends.classic import ClassicBackend
+from hvdrunner._launch.backends.connect import ConnectBackend
+from hvdrunner._launch.backends.local import LocalBackend
 
-_SESSION_BACKENDS = (ConnectBackend, ClassicBackend)
+#: The session backends, in the order the chooser asks them.
+SESSION_BACKENDS: tuple[type[Backend], ...] = (ConnectBackend, ClassicBackend)
 
 
 def choose(np: int) -> Backend:
@@ -25,7 +26,7 @@ def choose(np: int) -> Backend:
     """
     if np < 0:
         return LocalBackend()
-    for kind in _SESSION_BACKENDS:
+    for kind in SESSION_BACKENDS:
         backend = kind.active()
         if backend is not None:
             return backend

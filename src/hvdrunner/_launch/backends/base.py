@@ -1,11 +1,14 @@
 """The launch-backend seam: where a job's ranks run, behind one protocol.
 
 The runner asks a :class:`Backend` how many ranks it can start, checks it before launching,
-and hands it a :class:`~hvdrunner._launch.task.TaskSpec`; the backend starts one
-:func:`~hvdrunner._launch.task.run_slot` per rank and returns a :class:`Launch`. Everything
+and hands it a :class:`~hvdrunner._launch.rank.task.TaskSpec`; the backend starts one
+:func:`~hvdrunner._launch.rank.task.run_slot` per rank and returns a :class:`Launch`. Everything
 else - registration, rendezvous, heartbeats, the verdict - is the driver service's and the
-same for every backend. Adding a backend is one module implementing :class:`Backend` and one
-line in :mod:`hvdrunner._launch.backends`.
+same for every backend.
+
+**Adding a backend** is one module in this folder implementing :class:`Backend` (every
+member below, ``active()`` included) and one line in :data:`hvdrunner._launch.backends.
+SESSION_BACKENDS`, in the order the chooser asks them.
 """
 
 from __future__ import annotations
@@ -13,7 +16,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Protocol
 
 if TYPE_CHECKING:  # the protocol names it; importing it would load psutil with hvdrunner
-    from hvdrunner._launch.task import TaskSpec
+    from hvdrunner._launch.rank.task import TaskSpec
 
 
 class Launch(Protocol):
@@ -31,6 +34,14 @@ class Launch(Protocol):
 
 class Backend(Protocol):
     """Where ranks run: driver processes, Spark barrier tasks, a Spark Connect session."""
+
+    @classmethod
+    def active(cls) -> Backend | None:
+        """This backend on the session this process holds now, or None without one (the
+        chooser asks each session backend in turn; driver processes have no session)."""
+
+    def describe_slots(self) -> str:
+        """One line for ``doctor``: how many task slots there are and what limits them."""
 
     #: For logs and errors: "Spark barrier tasks (local[2])".
     where: str

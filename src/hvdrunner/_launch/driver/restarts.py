@@ -1,6 +1,6 @@
 """``HorovodRunner(max_restarts=N)``: which failed attempts start the job again, and the one
 error reported when it stops. Pure rules over each attempt's :class:`HorovodRunnerError`
-(its ``cause``, set by :mod:`hvdrunner._launch.verdict`), testable without a job.
+(its ``cause``, set by :mod:`hvdrunner._launch.driver.verdict`), testable without a job.
 
 The policy (docs/faults.md, "Automatic restarts"):
 
@@ -21,7 +21,7 @@ The policy (docs/faults.md, "Automatic restarts"):
   value unpicklable. Bad arguments and an unpicklable function fail before the first
   attempt.
 - **not a failure**: a rank killed or lost after rank 0 returned its value: rank 0's value
-  is the job's (:mod:`hvdrunner._launch.driver`).
+  is the job's (:mod:`hvdrunner._launch.driver.service`).
 
 Example:
     >>> err = HorovodRunnerError("Lost host h2", rank=2, cause="lost")

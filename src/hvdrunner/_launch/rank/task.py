@@ -18,8 +18,8 @@ import psutil
 from hvdrunner import _horovod_knobs, multihost
 from hvdrunner._launch import assignments, protocol
 from hvdrunner._launch.limits import DEFAULTS, JobLimits
-from hvdrunner._launch.supervisor import NO_GPU_ENV, RankSupervisor
-from hvdrunner._launch.worker import LIBRARY_DIRS_ENV, RANK_SETUP_ENV, RANK_TEARDOWN_ENV
+from hvdrunner._launch.rank.supervisor import NO_GPU_ENV, RankSupervisor
+from hvdrunner._launch.rank.worker import LIBRARY_DIRS_ENV, RANK_SETUP_ENV, RANK_TEARDOWN_ENV
 from hvdrunner.distributed import cuda_visible_devices, host_gpus
 
 

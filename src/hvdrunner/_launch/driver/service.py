@@ -19,10 +19,11 @@ from typing import Any
 import cloudpickle
 
 from hvdrunner._console import say
-from hvdrunner._launch import assignments, commits, protocol, rendezvous, restarts, verdict
-from hvdrunner._launch.job import JobState
+from hvdrunner._launch import assignments, commits, protocol
+from hvdrunner._launch.driver import rendezvous, restarts, verdict
+from hvdrunner._launch.driver.job import JobState
+from hvdrunner._launch.driver.verdict import lost_failure, rank_failure, stall_failure
 from hvdrunner._launch.limits import JobLimits
-from hvdrunner._launch.verdict import lost_failure, rank_failure, stall_failure
 from hvdrunner._logging import get_logger
 from hvdrunner._secrets import scrub
 from hvdrunner.errors import HorovodRunnerError

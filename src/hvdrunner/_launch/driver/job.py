@@ -3,7 +3,7 @@
 :class:`JobState` holds the registrations, exit reports, rank 0's value and the watchdog
 states; :meth:`JobState.handle` dispatches each typed message of
 :mod:`hvdrunner._launch.protocol` to its handler. The driver's loop
-(:meth:`hvdrunner._launch.driver.DriverService.wait`) owns the clock and the verdict.
+(:meth:`hvdrunner._launch.driver.service.DriverService.wait`) owns the clock and the verdict.
 """
 
 from __future__ import annotations
@@ -12,7 +12,8 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from hvdrunner._launch import verdict
+from hvdrunner._launch.driver import verdict
+from hvdrunner._launch.driver.verdict import Stall, Task
 from hvdrunner._launch.protocol import (
     Committed,
     Disconnected,
@@ -22,7 +23,6 @@ from hvdrunner._launch.protocol import (
     Register,
     Result,
 )
-from hvdrunner._launch.verdict import Stall, Task
 from hvdrunner.errors import HorovodRunnerError
 
 
