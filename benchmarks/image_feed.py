@@ -73,7 +73,7 @@ def main() -> None:
     from pyspark.sql import functions as F
 
     from hvdrunner import petastorm as drop_in
-    from hvdrunner.datasets import write_synthetic_flowers
+    from hvdrunner.examples.datasets import write_synthetic_flowers
     from hvdrunner.petastorm import spark as drop_in_spark
     from hvdrunner.spark import local_session
 

@@ -64,7 +64,7 @@ def main() -> None:
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
     from hvdrunner import HorovodRunner
     from hvdrunner.data import prepare
-    from hvdrunner.datasets import load_digits_df
+    from hvdrunner.examples.datasets import load_digits_df
     from hvdrunner.spark import local_session
 
     spark = local_session("local[2]", app_name="bench-knobs")

@@ -42,7 +42,7 @@ dbutils.widgets.text("test_fraction", "0.2", "Test fraction")
 
 # COMMAND ----------
 
-from hvdrunner import datasets
+from hvdrunner.examples import datasets
 
 df = datasets.load_source(spark, dbutils.widgets.get("source"))
 paths = datasets.split_and_write(df, dbutils.widgets.get("output_dir"), float(dbutils.widgets.get("test_fraction")))

@@ -89,8 +89,9 @@ def build_model():
 
 # COMMAND ----------
 
-from hvdrunner import HorovodRunner, datasets, tracking
+from hvdrunner import HorovodRunner, tracking
 from hvdrunner.data import prepare
+from hvdrunner.examples import datasets
 from hvdrunner.keras import fit
 from hvdrunner.notebook import upstream
 from hvdrunner.petastorm.spark import SparkDatasetConverter, make_spark_converter

@@ -80,8 +80,9 @@ def build_model():
 
 # COMMAND ----------
 
-from hvdrunner import HorovodRunner, datasets, tracking
+from hvdrunner import HorovodRunner, tracking
 from hvdrunner.data import prepare
+from hvdrunner.examples import datasets
 from hvdrunner.notebook import upstream
 from hvdrunner.torch import fit
 

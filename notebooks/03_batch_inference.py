@@ -47,7 +47,7 @@ dbutils.widgets.text("predictions_path", default_dir("predictions"), "Prediction
 
 # COMMAND ----------
 
-from hvdrunner import datasets
+from hvdrunner.examples import datasets
 from hvdrunner.inference import score
 from hvdrunner.notebook import upstream
 from hvdrunner.tracking.models import latest_model
@@ -62,5 +62,5 @@ result = score(
     spark, model_uri, datasets.read(spark, test_path), features="pixels", label="label",
     output_path=w("predictions_path"), run_id=run_id,
 )  # fmt: skip
-print(f"test accuracy: {result['accuracy']:.3f} on {result['rows']} rows (MLflow run {run_id})")
-dbutils.jobs.taskValues.set("test_accuracy", result["accuracy"])
+print(f"test accuracy: {result.accuracy:.3f} on {result.rows} rows (MLflow run {run_id})")
+dbutils.jobs.taskValues.set("test_accuracy", result.accuracy)

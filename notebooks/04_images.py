@@ -5,7 +5,7 @@
 # MAGIC Databricks' image recipe end to end: image files (`<class>/<image>.jpg`) read with
 # MAGIC Spark's `binaryFile` source into a table (Delta on Databricks, Parquet here) of JPEG
 # MAGIC bytes and an indexed label; `prepare()` caches the bytes as they are; each rank decodes
-# MAGIC its own batches (`hvdrunner.images.decode_spec`, a petastorm `TransformSpec`) while
+# MAGIC its own batches (`hvdrunner.examples.images.decode_spec`, a petastorm `TransformSpec`) while
 # MAGIC `hvdrunner.keras.fit` trains a small CNN on `np` ranks and logs it to MLflow; the model
 # MAGIC then scores the held-out images on the executors. With no `images_dir`, it writes a
 # MAGIC synthetic flowers set (5 classes) first. Edit `build_model`; the rest is configuration.
@@ -78,9 +78,12 @@ def build_model(size=int(dbutils.widgets.get("image_size")), classes=5):
 
 # COMMAND ----------
 
-from hvdrunner import HorovodRunner, datasets, tracking
+import functools
+
+from hvdrunner import HorovodRunner, tracking
 from hvdrunner.data import prepare
-from hvdrunner.images import decode_spec, read_image_table
+from hvdrunner.examples import datasets
+from hvdrunner.examples.images import decode, decode_spec, read_image_table
 from hvdrunner.inference import score_images
 from hvdrunner.keras import fit
 
@@ -102,7 +105,8 @@ with tracking.mlflow_run(experiment=w("experiment"), run_name=f"images-np{w('np'
         metrics=["accuracy"],
         registered_model_name=w("registered_model_name") or None,
     )
-predictions, test_accuracy = score_images(result.model_uri, test_df, size, run_id=run.info.run_id)
+scores = score_images(result.model_uri, test_df, functools.partial(decode, size=size), run_id=run.info.run_id)
+test_accuracy = scores.accuracy
 dbutils.jobs.taskValues.set("model_uri", result.model_uri)
 dbutils.jobs.taskValues.set("run_id", run.info.run_id)
 dbutils.jobs.taskValues.set("test_accuracy", test_accuracy)

@@ -272,9 +272,9 @@ def test_tracking_server_down_job_error_wins_in_bounded_time(store, capsys, monk
     # by skipping that one check; tests/test_tracking.py covers the check itself.
     import socket
 
-    from hvdrunner.tracking import runs
+    from hvdrunner.tracking import driver
 
-    monkeypatch.setattr(runs, "_check_run_in_store", lambda run_id, uri: None)
+    monkeypatch.setattr(driver, "_check_run_in_store", lambda run_id, uri: None)
 
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

@@ -35,7 +35,7 @@ def flowers(spark, root: Path):
     from pyspark.ml.feature import StringIndexer
     from pyspark.sql import functions as F
 
-    from hvdrunner.datasets import write_synthetic_flowers
+    from hvdrunner.examples.datasets import write_synthetic_flowers
 
     if not root.exists():
         write_synthetic_flowers(str(root), per_class=100)
@@ -160,7 +160,7 @@ def flat_model():
 def test_torch_fit_decodes_on_the_ranks_with_the_data_s_one_setting(spark, tmp_path, images):
     import hvdrunner.torch
     from hvdrunner.data import prepare
-    from hvdrunner.images import decode_spec
+    from hvdrunner.examples.images import decode_spec
 
     train, _ = flowers(spark, images)
     data = prepare(train, features=["content", "label_index"], cache_dir=str(tmp_path))

@@ -139,6 +139,19 @@ def test_nothing_reaches_past_the_launch_seam():
     assert backends == {"__init__", "base", "barrier", "classic", "connect", "local"}
 
 
+def test_no_library_module_imports_the_demo_helpers():
+    """hvdrunner.examples is the notebooks' (digits, flowers, image tables): the library
+    never depends on it."""
+    bad = {
+        (m, d)
+        for m, deps in _graph().items()
+        if not m.startswith("hvdrunner.examples")
+        for d in deps
+        if d.startswith("hvdrunner.examples")
+    }
+    assert not bad, f"library modules importing the demo helpers: {sorted(bad)}"
+
+
 def test_the_scan_finds_function_local_imports(tmp_path, monkeypatch):
     # The checker itself: an import inside a function is an edge like any other.
     fake = tmp_path / "hvdrunner" / "a.py"

@@ -129,7 +129,7 @@ def print_token_then(fail: bool) -> bool:
 def test_fake_token_reaches_ranks_and_nowhere_else(store, monkeypatch, capfd):
     tmp, _ = store
     monkeypatch.setattr(
-        tracking.runs,
+        tracking.driver,
         "_databricks_credentials",
         lambda: {"DATABRICKS_HOST": "https://fake.example", "DATABRICKS_TOKEN": FAKE_TOKEN},
     )

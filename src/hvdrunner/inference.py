@@ -1,18 +1,39 @@
 """Batch inference with an MLflow model over a Spark DataFrame: numeric features through
-``mlflow.pyfunc.spark_udf`` (:func:`score`), image bytes decoded on the executors
-(:func:`score_images`)."""
+``mlflow.pyfunc.spark_udf`` (:func:`score`), image bytes decoded on the executors by the
+decode you pass (:func:`score_images`). Both return :class:`Scores`; an accuracy goes to
+the training run through :mod:`hvdrunner.tracking`."""
 
 from __future__ import annotations
 
 import contextlib
 import logging
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
-from hvdrunner import _console, _noise
+from hvdrunner import _console, _noise, tables
 from hvdrunner.distributed import host_gpus
+from hvdrunner.tracking import log_to_run
+
+
+@dataclass(frozen=True)
+class Scores:
+    """What a scoring call returns.
+
+    Attributes:
+        predictions: the scored DataFrame (``prediction``; :func:`score` adds
+            ``probabilities``), read back from ``output_path`` when one was given.
+        rows: how many rows were scored.
+        accuracy: the share of rows whose prediction is the label (None without a label).
+        output_path: where the predictions were written (None: not written).
+    """
+
+    predictions: Any
+    rows: int
+    accuracy: float | None
+    output_path: str | None = None
 
 
 def score(
@@ -24,16 +45,16 @@ def score(
     label: str | None = None,
     output_path: str | None = None,
     run_id: str | None = None,
-) -> dict[str, Any]:
-    """Score ``df[features]`` with the model; write predictions; return accuracy if labelled.
+) -> Scores:
+    """Score ``df[features]`` with the model; write predictions; the accuracy if labelled.
 
     Adds ``probabilities`` (the model's output row) and ``prediction`` (its argmax). With
     ``label``, the accuracy is returned and, with ``run_id``, logged to that MLflow run as
     ``test_accuracy``.
 
     Example:
-        >>> score(spark, "runs:/abc/model", test_df, features="pixels", label="label")  # doctest: +SKIP
-        {'rows': 360, 'accuracy': 0.96, 'output_path': None}
+        >>> score(spark, "runs:/abc/model", test_df, features="pixels", label="label").accuracy  # doctest: +SKIP
+        0.96
     """
     import mlflow
     from pyspark.sql import functions as F
@@ -50,41 +71,40 @@ def score(
         F.expr("array_position(probabilities, array_max(probabilities)) - 1").cast("int"),
     )
     if output_path:
-        from hvdrunner import datasets
-
         # Read back what was written, so counting and scoring do not run the model twice.
-        scored = datasets.read(spark, datasets.write(scored, output_path))
-    result: dict[str, Any] = {"rows": scored.count(), "accuracy": None, "output_path": output_path}
+        scored = tables.read(spark, tables.write(scored, output_path))
+    accuracy = None
     if label is not None:
         acc = scored.select(F.avg((F.col("prediction") == F.col(label)).cast("double"))).first()[0]
-        result["accuracy"] = float(acc)
+        accuracy = float(acc)
         if run_id:
-            mlflow.MlflowClient().log_metric(run_id, "test_accuracy", float(acc))
-    return result
+            log_to_run(run_id, {"test_accuracy": accuracy})
+    return Scores(scored, scored.count(), accuracy, output_path)
 
 
 def score_images(
-    model_uri: str, df: Any, size: int, *, run_id: str | None = None
-) -> tuple[Any, float]:
-    """``(predictions, accuracy)``: the model at ``model_uri`` (its input a batch of decoded
-    images, as ``hvdrunner.keras.fit`` logs it) applied to every row of ``df`` (``content``:
-    image bytes, ``label_index``), decoding on the executors a batch of rows at a time. With
-    ``run_id``, the accuracy is logged to that MLflow run as ``test_accuracy``.
+    model_uri: str, df: Any, decode: Callable[[bytes], np.ndarray], *, run_id: str | None = None
+) -> Scores:
+    """The model at ``model_uri`` (its input a batch of decoded images, as
+    ``hvdrunner.keras.fit`` logs it) applied to every row of ``df`` (``content``: image
+    bytes, ``label_index``), ``decode`` turning each image's bytes into its array on the
+    executors, a batch of rows at a time. With ``run_id``, the accuracy is logged to that
+    MLflow run as ``test_accuracy``.
 
     Example:
-        >>> predictions, accuracy = score_images(result.model_uri, test_df, 32)  # doctest: +SKIP
+        >>> decode = functools.partial(images.decode, size=32)               # doctest: +SKIP
+        >>> score_images(result.model_uri, test_df, decode).accuracy           # doctest: +SKIP
+        0.93
     """
     import mlflow
     from pyspark.sql import functions as F
-
-    from hvdrunner.images import decode
 
     def predict(frames: Iterator[Any]) -> Iterator[Any]:
         quiet = _noise.CHATTER + (() if host_gpus() else _noise.CPU_NOISE)
         with _console.replayed_without(quiet, progress_bars=True):
             model = mlflow.pyfunc.load_model(model_uri)
             for frame in frames:
-                images = np.stack([decode(c, size) for c in frame["content"]])
+                images = np.stack([decode(c) for c in frame["content"]])
                 scores = np.asarray(model.predict(images))
                 yield frame[["label_index"]].assign(
                     prediction=scores.argmax(axis=1).astype("int32")
@@ -93,14 +113,13 @@ def score_images(
     predictions = df.select("content", "label_index").mapInPandas(
         predict, "label_index int, prediction int"
     )
-    accuracy = float(
-        predictions.agg(
-            F.avg((F.col("prediction") == F.col("label_index")).cast("double"))
-        ).first()[0]
-    )
+    counted = predictions.agg(
+        F.count("*"), F.avg((F.col("prediction") == F.col("label_index")).cast("double"))
+    ).first()
+    rows, accuracy = int(counted[0]), float(counted[1])
     if run_id:
-        mlflow.MlflowClient().log_metric(run_id, "test_accuracy", accuracy)
-    return predictions, accuracy
+        log_to_run(run_id, {"test_accuracy": accuracy})
+    return Scores(predictions, rows, accuracy)
 
 
 class _EnvManagerNote(logging.Filter):

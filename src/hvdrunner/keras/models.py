@@ -10,7 +10,7 @@ from typing import Any
 from hvdrunner import _versions
 from hvdrunner.keras import backend
 from hvdrunner.tracking.models import log_saved, without_local_label_warning
-from hvdrunner.tracking.runs import rank0_client
+from hvdrunner.tracking.ranks import rank0_client
 
 
 def _save_kwargs(keras_mode: str) -> dict[str, Any]:

@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 from hvdrunner.tracking.models import log_saved, without_local_label_warning
-from hvdrunner.tracking.runs import rank0_client
+from hvdrunner.tracking.ranks import rank0_client
 
 
 def log_model(

@@ -15,20 +15,23 @@ Example (notebook):
 
 from typing import Any
 
-from hvdrunner.tracking.runs import (
+from hvdrunner.tracking.driver import (
     ERROR_TAG,
-    EXPERIMENT_ID_ENV,
     RESTARTS_TAG,
-    RUN_ID_ENV,
-    autolog,
     check_registered_model_name,
     driver_context,
-    log_metrics,
-    log_params,
-    logged_steps,
+    log_to_run,
     mark_failed,
     mlflow_run,
     note_restart,
+)
+from hvdrunner.tracking.ranks import (
+    EXPERIMENT_ID_ENV,
+    RUN_ID_ENV,
+    autolog,
+    log_metrics,
+    log_params,
+    logged_steps,
     run_id,
     set_tags,
 )
@@ -43,6 +46,7 @@ __all__ = [
     "driver_context",
     "log_metrics",
     "log_params",
+    "log_to_run",
     "logged_steps",
     "mark_failed",
     "mlflow_run",

@@ -10,7 +10,7 @@ import os
 import tempfile
 from collections.abc import Callable, Iterator
 
-from hvdrunner.tracking.runs import rank0_client, run_id
+from hvdrunner.tracking.ranks import rank0_client, run_id
 
 
 def log_saved(

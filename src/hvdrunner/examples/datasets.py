@@ -1,4 +1,5 @@
-"""Training data for the notebooks: a source DataFrame, split and written for the next task."""
+"""Training data for the notebooks: a source DataFrame, split and written for the next task
+(``read``/``write``/``table_format``: :mod:`hvdrunner.tables`, re-exported for the notebooks)."""
 
 from __future__ import annotations
 
@@ -6,14 +7,9 @@ import os
 from typing import Any
 
 from hvdrunner import _paths
-from hvdrunner._paths import on_databricks
+from hvdrunner.tables import read, table_format, write  # noqa: F401 - the notebooks use them here
 
 DIGITS = "sklearn:digits"
-
-
-def table_format() -> str:
-    """Delta on Databricks, Parquet locally (no Delta jars in the local stack)."""
-    return "delta" if on_databricks() else "parquet"
 
 
 def load_digits_df(spark: Any) -> Any:
@@ -86,20 +82,6 @@ def written(output_dir: str, split: str) -> str | None:
     if it did (a notebook run by hand finds the previous one's output so); else None."""
     url = split_paths(output_dir)[f"{split}_path"]
     return url if os.path.isdir(_paths.resolve(url).local_path) else None
-
-
-def write(df: Any, path: str) -> str:
-    """Overwrite ``path`` with ``df`` in :func:`table_format`; returns its Spark URL."""
-    loc = _paths.resolve(path)
-    _paths.require_volumes(loc.local_path)
-    url = loc.spark_url
-    df.write.format(table_format()).mode("overwrite").save(url)
-    return url
-
-
-def read(spark: Any, path: str) -> Any:
-    """Read what :func:`split_and_write` wrote."""
-    return spark.read.format(table_format()).load(path)
 
 
 #: The synthetic flowers' classes: each a base colour (RGB) the images are noisy shades of.
