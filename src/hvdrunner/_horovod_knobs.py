@@ -18,7 +18,8 @@ Example:
 from __future__ import annotations
 
 import importlib
-from collections.abc import Mapping
+import os
+from collections.abc import Mapping, MutableMapping
 
 IDLE_WAIT_ENV, IDLE_WAIT_MS = "HOROVOD_IDLE_WAIT_MS", "20"
 #: The module the idle-wait patch adds to horovod; its ``VERSION`` says which rule it has.
@@ -44,3 +45,18 @@ def rank_defaults(env: Mapping[str, str]) -> dict[str, str]:
     if IDLE_WAIT_ENV in env or idle_wait_version() < IDLE_WAIT_DEFAULT_FROM:
         return {}
     return {IDLE_WAIT_ENV: IDLE_WAIT_MS}
+
+
+def for_grouped_requests(env: MutableMapping[str, str] | None = None) -> None:
+    """Called by a ``fit`` whose gradients go out as grouped requests (``hvdrunner.torch.fit``'s
+    buckets, Keras' one grouped allreduce on PyTorch): their round may start at once with
+    every version of the patch, so the knob is set (in ``env``, default this process's
+    environment) unless the user set it - also for a fit HorovodRunner did not launch.
+
+    Example:
+        >>> env = {}
+        >>> for_grouped_requests(env)
+        >>> env
+        {'HOROVOD_IDLE_WAIT_MS': '20'}
+    """
+    (os.environ if env is None else env).setdefault(IDLE_WAIT_ENV, IDLE_WAIT_MS)

@@ -21,11 +21,13 @@ from typing import Any
 from hvdrunner.core import settings as core_settings
 from hvdrunner.core.settings import FitResult, TrainingSettings
 
-_OPTIMIZERS = ("adam", "sgd", "rmsprop", "adagrad")
+#: The optimizer names fit understands -> their class in ``keras.optimizers`` (one table:
+#: checked here, resolved by fit).
+OPTIMIZERS = {"adam": "Adam", "sgd": "SGD", "rmsprop": "RMSprop", "adagrad": "Adagrad"}
 #: fit's arguments that are inputs, not settings.
 INPUTS = ("build_model", "data", "validation", "features", "label")
 
-__all__ = ["INPUTS", "FitConfig", "FitResult", "make_config"]
+__all__ = ["INPUTS", "OPTIMIZERS", "FitConfig", "FitResult", "make_config"]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -52,7 +54,7 @@ class FitConfig(TrainingSettings):
         super().__post_init__()
         core_settings.check_verbose(self.verbose)
         core_settings.check_named(
-            "optimizer", self.optimizer, _OPTIMIZERS,
+            "optimizer", self.optimizer, tuple(OPTIMIZERS),
             "a function lr -> Keras optimizer: lambda lr: keras.optimizers.SGD(lr, momentum=0.9)",
         )  # fmt: skip
 

@@ -7,7 +7,6 @@ is generated from them); the work is a few named steps, each a function below.
 from __future__ import annotations
 
 import contextlib
-import os
 from collections.abc import Callable
 from typing import Any
 
@@ -21,7 +20,7 @@ from hvdrunner.distributed import is_rank0
 from hvdrunner.keras import backend, compat
 from hvdrunner.keras import callbacks as hk_callbacks
 from hvdrunner.keras.checkpoint import CheckpointStore
-from hvdrunner.keras.config import INPUTS, FitConfig, FitResult, make_config
+from hvdrunner.keras.config import INPUTS, OPTIMIZERS, FitConfig, FitResult, make_config
 from hvdrunner.keras.inputs import is_petastorm_converter, prepared_input, training_input
 from hvdrunner.keras.models import log_model
 from hvdrunner.keras.optimizer import distribute
@@ -144,7 +143,7 @@ def _init_horovod(cfg: FitConfig) -> Any:
     hvd = backend.horovod()
     horovod_env(cfg, hvd.is_initialized())
     if backend.is_torch():  # the gradients go out as one grouped request per step
-        os.environ.setdefault(_horovod_knobs.IDLE_WAIT_ENV, _horovod_knobs.IDLE_WAIT_MS)
+        _horovod_knobs.for_grouped_requests()
     hvd.init()
     if backend.is_torch():
         import torch
@@ -169,12 +168,7 @@ def _make_optimizer(spec: str | Callable[[float], Any], lr: float) -> Any:
     keras = compat.keras_module()
     if callable(spec):
         return spec(lr)
-    return {
-        "adam": keras.optimizers.Adam,
-        "sgd": keras.optimizers.SGD,
-        "rmsprop": keras.optimizers.RMSprop,
-        "adagrad": keras.optimizers.Adagrad,
-    }[spec.lower()](learning_rate=lr)
+    return getattr(keras.optimizers, OPTIMIZERS[spec.lower()])(learning_rate=lr)
 
 
 def _build(build_model: Callable[[], Any], cfg: FitConfig, size: int) -> tuple[Any, Any, float]:

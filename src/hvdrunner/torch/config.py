@@ -20,12 +20,8 @@ from typing import Any
 from hvdrunner._checks import is_int, is_number
 from hvdrunner.core import settings as core_settings
 from hvdrunner.core.settings import FitResult, TrainingSettings
+from hvdrunner.torch.options import LOSSES, METRICS, OPTIMIZERS  # the names fit understands
 
-#: Loss names fit understands (or pass a callable ``(output, target) -> scalar tensor``).
-LOSSES = ("cross_entropy", "mse", "l1", "bce_with_logits")
-#: Metric names fit understands (or pass a callable ``(output, target) -> scalar tensor``).
-METRICS = ("accuracy",)
-OPTIMIZERS = ("adam", "sgd", "adamw", "rmsprop")
 #: DDP's default bucket_cap_mb: fit's gradients go out in groups of at most this many MB.
 BUCKET_CAP_MB = 25.0
 #: fit's arguments that are inputs, not settings.
@@ -75,12 +71,14 @@ class FitConfig(TrainingSettings):
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        core_settings.check_named("loss", self.loss, LOSSES, "loss=torch.nn.CrossEntropyLoss()")
-        core_settings.check_named("optimizer", self.optimizer, OPTIMIZERS,
+        core_settings.check_named(
+            "loss", self.loss, tuple(LOSSES), "loss=torch.nn.CrossEntropyLoss()"
+        )
+        core_settings.check_named("optimizer", self.optimizer, tuple(OPTIMIZERS),
                "optimizer=lambda params, lr: torch.optim.SGD(params, lr, momentum=0.9)")  # fmt: skip
         for m in self.metrics:
             core_settings.check_named(
-                "metrics item", m, METRICS, "metrics=[my_metric] (output, target) -> tensor"
+                "metrics item", m, tuple(METRICS), "metrics=[my_metric] (output, target) -> tensor"
             )
         core_settings.check_verbose(self.verbose)
         if not is_number(self.bucket_cap_mb, at_least=0):

@@ -10,7 +10,6 @@ generated from them); the work is a few named steps, each a function below or in
 
 from __future__ import annotations
 
-import os
 from collections.abc import Callable
 from typing import Any
 
@@ -23,6 +22,7 @@ from hvdrunner.torch import collectives, loop
 from hvdrunner.torch.checkpoint import CheckpointStore
 from hvdrunner.torch.config import INPUTS, FitConfig, FitResult, make_config
 from hvdrunner.torch.models import log_model
+from hvdrunner.torch.options import OPTIMIZERS
 
 __all__ = ["FitConfig", "FitResult", "fit"]
 
@@ -89,11 +89,8 @@ class _Torch:
     def init(self, cfg: FitConfig) -> Any:
         hvd = collectives.engine_module()
         horovod_env(cfg, hvd.is_initialized())
-        # fit's gradients go out as grouped buckets (collectives.buckets): with nothing else
-        # pending, horovod starts their round at once (patches/*-idle-wait.patch). Set here
-        # for a fit that HorovodRunner did not launch (it sets it for every rank).
-        if cfg.bucket_cap_mb > 0:
-            os.environ.setdefault(_horovod_knobs.IDLE_WAIT_ENV, _horovod_knobs.IDLE_WAIT_MS)
+        if cfg.bucket_cap_mb > 0:  # the gradients go out as grouped buckets
+            _horovod_knobs.for_grouped_requests()
         self.device = collectives.init(cfg.seed, cfg.num_threads)
         return hvd
 
@@ -127,12 +124,7 @@ class _Torch:
 def _make_optimizer(spec: Any, params: Any, lr: float) -> torch.optim.Optimizer:
     if callable(spec):
         return spec(params, lr)
-    return {
-        "adam": torch.optim.Adam,
-        "sgd": torch.optim.SGD,
-        "adamw": torch.optim.AdamW,
-        "rmsprop": torch.optim.RMSprop,
-    }[spec.lower()](params, lr=lr)
+    return OPTIMIZERS[spec.lower()](params, lr=lr)
 
 
 def _build(

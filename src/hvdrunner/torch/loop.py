@@ -9,12 +9,11 @@ checkpoints and writes to MLflow.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
 import torch
-import torch.nn.functional as F
 
 from hvdrunner._logging import log_to_driver
 from hvdrunner.core import recipe, schedule
@@ -22,37 +21,7 @@ from hvdrunner.distributed import is_rank0, size
 from hvdrunner.torch import collectives
 from hvdrunner.torch.config import FitConfig
 from hvdrunner.torch.inputs import batches
-
-Fn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
-
-
-def _cross_entropy(out: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-    return F.cross_entropy(out, y.long())
-
-
-def _as_output(out: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-    return y.to(out.dtype).reshape(out.shape)
-
-
-LOSSES: dict[str, Fn] = {
-    "cross_entropy": _cross_entropy,
-    "mse": lambda out, y: F.mse_loss(out, _as_output(out, y)),
-    "l1": lambda out, y: F.l1_loss(out, _as_output(out, y)),
-    "bce_with_logits": lambda out, y: F.binary_cross_entropy_with_logits(out, _as_output(out, y)),
-}
-
-
-def accuracy(out: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-    """Share of rows whose arg-max class (or logit > 0 for one output) equals the label."""
-    pred = out.argmax(dim=1) if out.ndim > 1 and out.shape[1] > 1 else (out.reshape(-1) > 0)
-    return (pred.long() == y.reshape(-1).long()).to(torch.float64).mean()
-
-
-def resolve(spec: str | Fn, table: dict[str, Fn]) -> tuple[str, Fn]:
-    """A loss/metric setting as ``(name, function)``."""
-    if isinstance(spec, str):
-        return spec.lower(), table[spec.lower()]
-    return getattr(spec, "__name__", type(spec).__name__).lower(), spec
+from hvdrunner.torch.options import LOSSES, METRICS, resolve
 
 
 def _forward(model: torch.nn.Module, x: Any) -> torch.Tensor:
@@ -71,7 +40,7 @@ class Trainer:
         self.model, self.opt, self.lr = run.built.model, run.built.optimizer, run.built.lr
         self.cfg, self.steps, self.store, self.ledger = run.cfg, run.steps, run.store, run.ledger
         self.loss = resolve(run.cfg.loss, LOSSES)[1]
-        self.metrics = [resolve(m, {"accuracy": accuracy}) for m in run.cfg.metrics]
+        self.metrics = [resolve(m, METRICS) for m in run.cfg.metrics]
         self.group_lrs = list(run.built.extra)
 
     def run(self) -> tuple[dict[str, list[float]], Any]:
