@@ -4,12 +4,12 @@
 from __future__ import annotations
 
 import logging
-import os
 import sys
 import threading
 from collections.abc import Callable
 
 from hvdrunner._console import say
+from hvdrunner.distributed import rank
 
 #: sparkdl's limit: longer messages are truncated.
 MAX_MESSAGE_CHARS = 4000
@@ -46,9 +46,8 @@ def log_to_driver(message: str) -> None:
     if send is None:
         say(text)
         return
-    rank = int(os.environ.get("HOROVOD_RANK", "0"))
     try:
-        send(rank, text)
+        send(rank(), text)
     except OSError:
         # The supervisor is gone (job aborted); the message would go nowhere anyway.
         say(text, err=True)

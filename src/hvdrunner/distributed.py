@@ -51,6 +51,27 @@ def local_rank() -> int:
     return _env_int(("HOROVOD_LOCAL_RANK", "LOCAL_RANK"), 0)
 
 
+def local_size() -> int:
+    """The number of ranks on this process's host (``HOROVOD_LOCAL_SIZE``, else
+    ``LOCAL_WORLD_SIZE``); 1 outside a job.
+
+    Example:
+        >>> local_size()  # outside a job
+        1
+    """
+    return _env_int(("HOROVOD_LOCAL_SIZE", "LOCAL_WORLD_SIZE"), 1)
+
+
+def in_horovod_rank() -> bool:
+    """Whether this process is a rank that HorovodRunner (or ``horovodrun``) started.
+
+    Example:
+        >>> in_horovod_rank()  # outside a job
+        False
+    """
+    return "HOROVOD_RANK" in os.environ
+
+
 #: Set by the driver in every rank's environment: which attempt of the job this is (1-based).
 ATTEMPT_ENV = "HVDRUNNER_ATTEMPT"
 

@@ -22,8 +22,8 @@ contiguous range of ``ceil(N / np)`` global rows, the last rank wrapping around 
 rows. So any ``np`` with ``batch_size * np <= N`` gets identical step counts.
 """
 
-from hvdrunner.data.handle import DEFAULT_CACHE_DIR, PreparedData
+from hvdrunner.data.handle import PreparedData, default_cache_dir
 from hvdrunner.data.prepare import prepare
 from hvdrunner.data.transform import TransformSpec
 
-__all__ = ["DEFAULT_CACHE_DIR", "PreparedData", "TransformSpec", "prepare"]
+__all__ = ["PreparedData", "TransformSpec", "default_cache_dir", "prepare"]

@@ -33,9 +33,15 @@ from hvdrunner.data.reader import (
     shard_pieces,
 )
 from hvdrunner.data.transform import TransformSpec, map_ahead
-from hvdrunner.distributed import rank, size
+from hvdrunner.distributed import local_size, rank, size
 
-DEFAULT_CACHE_DIR = os.path.join(os.getcwd(), ".hvdrunner", "data-cache")
+
+def default_cache_dir() -> str:
+    """``prepare()``'s default ``cache_dir``: ``./.hvdrunner/data-cache`` of the working
+    directory when it is called (not when hvdrunner was imported)."""
+    return os.path.join(os.getcwd(), ".hvdrunner", "data-cache")
+
+
 _META = "_hvdrunner_meta.json"
 _log = get_logger("hvdrunner.data")
 _FORMAT = 1
@@ -139,7 +145,7 @@ class PreparedData:
         cur_shard: int | None = None,
         shard_count: int | None = None,
         first_epoch: int = 0,
-        in_memory: bool | None = False,
+        in_memory: bool | None = None,
         passes: int | None = None,
         strict: bool = True,
     ) -> Iterator[dict[str, Any]]:
@@ -257,10 +263,11 @@ class PreparedData:
         if through_python:
 
             def feed() -> Iterator[Any]:
+                # Streamed: a decode or an exact pass goes through Python batch by batch.
                 batches = self.batches(
                     batch_size, shuffle=shuffle, seed=seed, cur_shard=cur_shard,
-                    shard_count=shard_count, first_epoch=first_epoch, passes=passes,
-                    strict=strict,
+                    shard_count=shard_count, first_epoch=first_epoch, in_memory=False,
+                    passes=passes, strict=strict,
                 )  # fmt: skip
                 return batches if transform is None else map(transform, batches)
 
@@ -313,11 +320,11 @@ def _memory_budget() -> int:
         total = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
     except (ValueError, OSError):  # not POSIX: stream
         return 0
-    local = max(1, int(os.environ.get("HOROVOD_LOCAL_SIZE", "1")))
+    local = max(1, local_size())
     return min(4 << 30, total // (4 * local))
 
 
-__all__ = ["DEFAULT_CACHE_DIR", "PreparedData"]
+__all__ = ["PreparedData", "default_cache_dir"]
 
 
 def prepared_behind(data: Any, features: str | None, label: str | None) -> PreparedData | None:

@@ -15,7 +15,7 @@ from hvdrunner import _paths
 from hvdrunner._checks import is_int
 from hvdrunner._logging import get_logger
 from hvdrunner.data.cache import cache_key, file_rows, input_identity, load, verified
-from hvdrunner.data.handle import _FORMAT, _META, DEFAULT_CACHE_DIR, PreparedData
+from hvdrunner.data.handle import _FORMAT, _META, PreparedData, default_cache_dir
 from hvdrunner.data.reader import Column
 from hvdrunner.data.schema import (
     DTYPES,
@@ -28,6 +28,7 @@ from hvdrunner.data.schema import (
     own_float,
     padded,
 )
+from hvdrunner.distributed import in_horovod_rank
 
 _TARGET_FILE_BYTES = 16 * 1024 * 1024
 # Spark's Parquet codecs (spark.sql.parquet.compression.codec); None: Spark's default (snappy).
@@ -40,7 +41,7 @@ _log = get_logger("hvdrunner.data")
 def _check_driver() -> None:
     from pyspark import TaskContext
 
-    if TaskContext.get() is not None or "HOROVOD_RANK" in os.environ:
+    if TaskContext.get() is not None or in_horovod_rank():
         raise RuntimeError(
             "hvdrunner.data.prepare() runs on the driver: it launches Spark jobs. Call it "
             "before HorovodRunner.run() and pass the returned handle to your function."
@@ -124,7 +125,7 @@ def prepare(
     if cache_dir is not None and (not isinstance(cache_dir, str) or not cache_dir.strip()):
         raise ValueError(
             f"cache_dir={cache_dir!r} is empty; pass a directory, or leave it out for the "
-            f"default {DEFAULT_CACHE_DIR}"
+            f"default {default_cache_dir()}"
         )
     if dtype is not None and dtype not in DTYPES:
         raise ValueError(
@@ -134,7 +135,7 @@ def prepare(
         )
     options = _write_options(compression, row_group_bytes)
     return _materialize(
-        df, features, label, cache_dir or DEFAULT_CACHE_DIR, dtype, shapes or {}, rows_per_file,
+        df, features, label, cache_dir or default_cache_dir(), dtype, shapes or {}, rows_per_file,
         refresh=refresh, shared=shared, options=options, pad=dict(pad or {}),
     )  # fmt: skip
 
