@@ -12,7 +12,9 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from hvdrunner._launch.driver import verdict
+import cloudpickle
+
+from hvdrunner._launch.driver import restarts, verdict
 from hvdrunner._launch.driver.verdict import Stall, Task
 from hvdrunner._launch.protocol import (
     Committed,
@@ -121,3 +123,22 @@ class JobState:
     def late_ranks(self) -> list[int]:
         """Ranks that have not exited yet."""
         return sorted(set(range(self.np)) - set(self.exits))
+
+    def finished_before(self, failure: HorovodRunnerError) -> bool:
+        """Whether rank 0 had returned its value before another rank was killed or lost (the
+        machine's failure, not the code's, does not undo a finished job)."""
+        return (
+            self.rank0_done is not None
+            and self.result is not None
+            and failure.cause in restarts.INFRASTRUCTURE
+            and failure.rank != 0
+        )
+
+    def rank0_value(self) -> Any:
+        """Rank 0's return value, unpickled, or the error saying why it cannot be."""
+        if self.result is None:
+            raise verdict.no_result_failure()
+        try:
+            return cloudpickle.loads(self.result)
+        except Exception as exc:
+            raise verdict.unpicklable_result_failure(exc) from exc

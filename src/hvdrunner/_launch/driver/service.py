@@ -16,11 +16,9 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-import cloudpickle
-
 from hvdrunner._console import say
 from hvdrunner._launch import assignments, commits, protocol
-from hvdrunner._launch.driver import rendezvous, restarts, verdict
+from hvdrunner._launch.driver import rendezvous, verdict
 from hvdrunner._launch.driver.job import JobState
 from hvdrunner._launch.driver.verdict import lost_failure, rank_failure, stall_failure
 from hvdrunner._launch.limits import JobLimits
@@ -283,11 +281,11 @@ class DriverService:
                 job.handle(conn, message)
         if job.failing:
             failure = self._verdict(job, emit, limits.host_timeout)
-            if not _finished_before(job, failure):
+            if not job.finished_before(failure):
                 raise failure
             # Rank 0's value is the job's: training ended before this rank was lost.
             _log.warning(verdict.lost_after_rank0_warning(failure))
-        return _rank0_value(job.result)
+        return job.rank0_value()
 
     def _limit_failure(
         self, job: JobState, limits: JobLimits, deadline: float | None
@@ -380,23 +378,3 @@ class DriverService:
                 and conn.rank is not None
             ):
                 conn.lost = True
-
-
-def _finished_before(job: JobState, failure: HorovodRunnerError) -> bool:
-    """Whether rank 0 had returned its value before another rank was killed or lost."""
-    return (
-        job.rank0_done is not None
-        and job.result is not None
-        and failure.cause in restarts.INFRASTRUCTURE  # the machine's, not the code's
-        and failure.rank != 0
-    )
-
-
-def _rank0_value(result: bytes | None) -> Any:
-    """Rank 0's return value, unpickled, or the error saying why it cannot be."""
-    if result is None:
-        raise verdict.no_result_failure()
-    try:
-        return cloudpickle.loads(result)
-    except Exception as exc:
-        raise verdict.unpicklable_result_failure(exc) from exc

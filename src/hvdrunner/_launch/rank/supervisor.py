@@ -206,61 +206,10 @@ class RankSupervisor:
     def run(self) -> int:
         """Run the rank to completion and send its ``exit`` report; returns the exit code."""
         with tempfile.TemporaryDirectory(prefix="hvdrunner-rank") as tmp:
-            payload_path = os.path.join(tmp, "payload.pkl")
-            with open(payload_path, "wb") as f:
-                f.write(self._payload)
-            read_fd, write_fd = os.pipe()
-            env = dict(self._env)
-            if self._commit is not None:
-                commit_path = os.path.join(tmp, "commit.pkl")
-                with open(commit_path, "wb") as f:
-                    f.write(self._commit)
-                env[COMMIT_FILE_ENV] = commit_path
-            env[CONTROL_FD_ENV] = str(write_fd)
-            env["PYTHONUNBUFFERED"] = "1"
-            try:
-                self._proc = subprocess.Popen(
-                    [sys.executable, "-m", "hvdrunner._launch.rank.worker", payload_path],
-                    env=env,
-                    stdin=subprocess.DEVNULL,
-                    stdout=subprocess.PIPE,
-                    stderr=subprocess.PIPE,
-                    pass_fds=(write_fd,),
-                    start_new_session=True,
-                    cwd=tmp if not os.access(os.getcwd(), os.W_OK) else None,
-                )
-            finally:
-                os.close(write_fd)
-            proc = self._proc
-            assert proc.stdout is not None and proc.stderr is not None
-            pumps = [
-                threading.Thread(
-                    target=self._pump_output, args=(proc.stdout, "stdout"), daemon=True
-                ),
-                threading.Thread(
-                    target=self._pump_output, args=(proc.stderr, "stderr"), daemon=True
-                ),
-                threading.Thread(
-                    target=self._pump_control,
-                    args=(os.fdopen(read_fd, "rb", buffering=0),),
-                    daemon=True,
-                ),
-            ]
-            for t in pumps:
-                t.start()
-            threading.Thread(target=self._listen_for_abort, daemon=True).start()
-            threading.Thread(target=self._watch_driver, args=(proc,), daemon=True).start()
-            threading.Thread(target=self._watch_descendants, args=(proc,), daemon=True).start()
+            proc, control = self._spawn(tmp)
+            pumps = self._pump(proc, control)
             code = proc.wait()
-            # Anything the child left running would hold the pipes open (and outlive the
-            # job): its process group, and descendants that left the group (setsid, daemons).
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.killpg(proc.pid, signal.SIGKILL)
-            self._kill_descendants()
-            for t in pumps:
-                # Short: a descendant that escaped every kill may hold a pipe open; the
-                # pumps are daemon threads and must not delay the job's end.
-                t.join(timeout=3)
+            self._reap(proc, pumps)
         with self._tail_lock:
             tail = list(self._tail)
         report = protocol.ExitReport(
@@ -270,3 +219,62 @@ class RankSupervisor:
         with contextlib.suppress(OSError):
             self._channel.send(report)
         return code
+
+    def _spawn(self, tmp: str) -> tuple[subprocess.Popen[bytes], int]:
+        """Start the rank's child (``python -m hvdrunner._launch.rank.worker``) with its payload
+        (and the elastic commit it resumes from) in ``tmp``; returns it and the read end of
+        its control pipe."""
+        payload_path = os.path.join(tmp, "payload.pkl")
+        with open(payload_path, "wb") as f:
+            f.write(self._payload)
+        read_fd, write_fd = os.pipe()
+        env = dict(self._env)
+        if self._commit is not None:
+            commit_path = os.path.join(tmp, "commit.pkl")
+            with open(commit_path, "wb") as f:
+                f.write(self._commit)
+            env[COMMIT_FILE_ENV] = commit_path
+        env[CONTROL_FD_ENV] = str(write_fd)
+        env["PYTHONUNBUFFERED"] = "1"
+        try:
+            self._proc = subprocess.Popen(
+                [sys.executable, "-m", "hvdrunner._launch.rank.worker", payload_path],
+                env=env,
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                pass_fds=(write_fd,),
+                start_new_session=True,
+                cwd=tmp if not os.access(os.getcwd(), os.W_OK) else None,
+            )
+        finally:
+            os.close(write_fd)
+        return self._proc, read_fd
+
+    def _pump(self, proc: subprocess.Popen[bytes], control: int) -> list[threading.Thread]:
+        """Relay the child's output and control messages to the driver, and watch the driver,
+        the child and its descendants; returns the relay threads (joined by :meth:`_reap`)."""
+        assert proc.stdout is not None and proc.stderr is not None
+        pumps = [
+            threading.Thread(target=self._pump_output, args=(proc.stdout, "stdout"), daemon=True),
+            threading.Thread(target=self._pump_output, args=(proc.stderr, "stderr"), daemon=True),
+            threading.Thread(target=self._pump_control,
+                             args=(os.fdopen(control, "rb", buffering=0),), daemon=True),
+        ]  # fmt: skip
+        for t in pumps:
+            t.start()
+        threading.Thread(target=self._listen_for_abort, daemon=True).start()
+        threading.Thread(target=self._watch_driver, args=(proc,), daemon=True).start()
+        threading.Thread(target=self._watch_descendants, args=(proc,), daemon=True).start()
+        return pumps
+
+    def _reap(self, proc: subprocess.Popen[bytes], pumps: list[threading.Thread]) -> None:
+        """After the child exited: nothing it left may outlive the job or hold the pipes open -
+        its process group, and descendants that left the group (setsid, daemons)."""
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        self._kill_descendants()
+        for t in pumps:
+            # Short: a descendant that escaped every kill may hold a pipe open; the pumps are
+            # daemon threads and must not delay the job's end.
+            t.join(timeout=3)
