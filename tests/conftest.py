@@ -94,6 +94,16 @@ def stacks_of(item: pytest.Item) -> tuple[str, ...]:
     return (HOME_STACK,)
 
 
+def pytest_sessionstart(session: pytest.Session) -> None:
+    """A test killed inside ``unpatched_horovod.marker_hidden`` left this venv's horovod
+    looking unpatched: put it back before anything runs."""
+    if _installed("horovod"):
+        from helpers.unpatched_horovod import restore_hidden
+
+        for path in restore_hidden():
+            print(f"restored {path.name}, hidden by a test that was killed", file=sys.stderr)
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Select by the stack's framework, decided by what is *installed*, never by an import,
     then (under `make test`) by where each test adds information (``stacks_of``).

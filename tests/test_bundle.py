@@ -17,6 +17,7 @@ import pytest
 import yaml
 
 from helpers import bundle
+from helpers.repo_copy import copy_repository
 
 ROOT = Path(__file__).resolve().parents[1]
 VALIDATOR = ROOT.parent / "shared" / "tools" / "validate_bundle.py"
@@ -268,12 +269,13 @@ def test_the_artifact_build_empties_dist_first(tmp_path):
     artifact = raw["artifacts"]["hvdrunner_wheel"]
     assert artifact["build"] == "python scripts/build_wheel.py"
     assert artifact["files"] == [{"source": "dist/hvdrunner-*.whl"}]
-    dist = ROOT / "dist"
+    copy = copy_repository(tmp_path / "checkout")  # the checkout's own dist/ is left alone
+    dist = copy / "dist"
     dist.mkdir(exist_ok=True)
     stale = dist / "hvdrunner-0.0.1-py3-none-any.whl"
     stale.write_bytes(b"stale")
-    proc = subprocess.run([sys.executable, str(ROOT / "scripts" / "build_wheel.py")],
-                          capture_output=True, text=True, timeout=300)  # fmt: skip
+    proc = subprocess.run([sys.executable, str(copy / "scripts" / "build_wheel.py")],
+                          capture_output=True, text=True, timeout=300, cwd=copy)  # fmt: skip
     assert proc.returncode == 0, proc.stdout + proc.stderr
     wheels = sorted(p.name for p in dist.iterdir())
     assert not stale.exists() and len(wheels) == 1 and wheels[0].startswith("hvdrunner-")

@@ -16,6 +16,8 @@ from pathlib import Path
 
 import pytest
 
+from helpers.repo_copy import copy_repository
+
 ROOT = Path(__file__).resolve().parents[1]
 JOB = ROOT / "scripts" / "databricks" / "build_horovod_wheel.py"
 BUILDER = ROOT / "scripts" / "install_horovod.sh"
@@ -23,24 +25,31 @@ OFFLINE = {"PIP_NO_INDEX": "1", "PIP_DISABLE_PIP_VERSION_CHECK": "1"}
 
 
 def _databricks_python(tmp_path: Path) -> Path:
-    """tmp/databricks/python laid out like the runtime's: bin/python over this venv's packages."""
+    """tmp/databricks/python laid out like the runtime's: an environment of its own (what the
+    job and the node install write goes there) that sees this venv's packages through a .pth
+    after its own site-packages - the venv under test is never written (pip does not
+    uninstall a package outside the environment it installs into)."""
     layout = tmp_path / "databricks" / "python"
     (layout / "bin").mkdir(parents=True)
     base = Path(os.path.realpath(sys._base_executable))  # type: ignore[attr-defined]
     (layout / "bin" / "python").symlink_to(base)
     venv = Path(sys.prefix)
     (layout / "pyvenv.cfg").write_text((venv / "pyvenv.cfg").read_text())
-    (layout / "lib").symlink_to(venv / "lib")
+    version = f"python{sys.version_info[0]}.{sys.version_info[1]}"
+    own = layout / "lib" / version / "site-packages"
+    own.mkdir(parents=True)
+    (own / "stack.pth").write_text(str(venv / "lib" / version / "site-packages") + "\n")
     return layout / "bin" / "python"
 
 
 def _job(python: Path, out: Path, cache: Path, *extra: str, path: str | None = None):
+    src = copy_repository(out.parent / "bundle-files")  # builds write there, not the checkout
     env = {**os.environ, **OFFLINE, "HVDRUNNER_HOROVOD_GPU": "none"}
     if path is not None:
         env["PATH"] = path
     start = time.monotonic()
     proc = subprocess.run(
-        [sys.executable, str(JOB), "--src", str(ROOT), "--out", str(out), "--python", str(python),
+        [sys.executable, str(JOB), "--src", str(src), "--out", str(out), "--python", str(python),
          "--cache", str(cache), "--gpu", "none", *extra],
         capture_output=True, text=True, timeout=600, env=env,
     )  # fmt: skip

@@ -26,7 +26,6 @@ import importlib.metadata
 import json
 import os
 import re
-import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -35,6 +34,7 @@ from typing import Any
 from packaging.requirements import Requirement
 
 from helpers import bundle
+from helpers.repo_copy import copy_repository
 
 ROOT = Path(__file__).resolve().parents[2]
 RESOURCES = "resources"  # where the job files live: their relative paths start there
@@ -73,12 +73,7 @@ class StandIn:
 
     def deploy(self) -> None:
         """``bundle deploy``: the tracked files to file_path, then the artifact build there."""
-        tracked = subprocess.run(["git", "ls-files", "-z"], cwd=ROOT, capture_output=True,
-                                 check=True).stdout.decode().split("\0")  # fmt: skip
-        for rel in filter(None, tracked):
-            if (ROOT / rel).is_file():
-                (self.files / rel).parent.mkdir(parents=True, exist_ok=True)
-                shutil.copy2(ROOT / rel, self.files / rel)
+        copy_repository(self.files)
         build = self.config["artifacts"]["hvdrunner_wheel"]["build"].split()
         proc = subprocess.run([sys.executable, *build[1:]], cwd=self.files, capture_output=True,
                               text=True, timeout=300)  # fmt: skip
