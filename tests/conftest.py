@@ -210,6 +210,23 @@ def rank_processes() -> list[psutil.Process]:
     return out
 
 
+@pytest.fixture
+def launches(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """Every time a job asked the launch seam where to run its ranks (``backends.choose``):
+    "nothing was launched" is this list staying empty - looked at, not timed."""
+    from hvdrunner._launch import backends
+
+    calls: list[int] = []
+    real = backends.choose
+
+    def recording(np: int) -> object:
+        calls.append(np)
+        return real(np)
+
+    monkeypatch.setattr(backends, "choose", recording)
+    return calls
+
+
 @pytest.fixture(autouse=True)
 def no_orphan_ranks() -> Iterator[None]:
     """Every test must leave no rank process behind, whatever it did."""

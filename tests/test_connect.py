@@ -17,6 +17,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
+from conftest import rank_processes
 from helpers.connect_server import client_session, connect_server
 from hvdrunner import HorovodRunner, HorovodRunnerError
 from test_restarts_fit import TORCH_FIT, prepared_digits, torch_fit_with_fault
@@ -140,7 +141,10 @@ def test_two_concurrent_jobs_a_failure_interrupts_only_its_own_stage(connect, ca
 
     thread = threading.Thread(target=job_b)
     thread.start()
-    time.sleep(1.5)  # B's stage holds one slot
+    deadline = time.monotonic() + 60  # B's rank runs (its stage holds one slot): seen, not slept
+    while not rank_processes() and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert rank_processes(), "job B's rank never started"
     with pytest.raises(HorovodRunnerError, match="RuntimeError: job A fails"):
         HorovodRunner(np=1).run(fails_at_once)
     thread.join(timeout=60)

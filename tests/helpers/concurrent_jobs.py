@@ -35,6 +35,38 @@ def summed(value: float, die_once: bool) -> dict[str, Any]:
             "key": os.environ.get("HOROVOD_GLOO_RENDEZVOUS_PORT")}  # fmt: skip
 
 
+def _ranks() -> list[Any]:
+    """This process's live rank processes (Spark's python workers run them as descendants)."""
+    import psutil
+
+    out = []
+    for proc in psutil.Process().children(recursive=True):
+        try:
+            if "hvdrunner._launch.rank.worker" in " ".join(proc.cmdline()):
+                out.append(proc)
+        except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
+            continue
+    return out
+
+
+def _attempts(ranks: list[Any]) -> list[str]:
+    import psutil
+
+    seen = []
+    for proc in ranks:
+        try:
+            seen.append(proc.environ().get("HVDRUNNER_ATTEMPT", "1"))
+        except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
+            continue
+    return seen
+
+
+def _wait_for_ranks(ready: Any, within: float) -> None:
+    deadline = time.monotonic() + within
+    while not ready(_ranks()) and time.monotonic() < deadline:
+        time.sleep(0.1)
+
+
 def main(work: str) -> int:
     from hvdrunner import HorovodRunner
     from hvdrunner.spark import local_session
@@ -60,7 +92,8 @@ def main(work: str) -> int:
                "b": threading.Thread(target=job, args=("b", 3.0), kwargs={"max_restarts": 1})}  # fmt: skip
     for t in threads.values():
         t.start()
-    time.sleep(3.0)  # a and b hold the four slots (b's restart included)
+    # c starts once a and b hold the four slots, b's restart included: seen, not waited for.
+    _wait_for_ranks(lambda ranks: len(ranks) == 4 and _attempts(ranks).count("2") == 2, 120)
     threads["c"] = threading.Thread(target=job, args=("c", 2.0))
     threads["c"].start()
     for t in threads.values():

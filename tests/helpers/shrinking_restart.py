@@ -29,7 +29,10 @@ def train(marks: str) -> dict[str, Any]:
     hvd.init()
     Path(marks, f"attempt{attempt()}-rank{hvd.rank()}").touch()
     if attempt() == 1:
-        time.sleep(2.0)  # the second blocker is queued by now
+        queued = Path(marks, "blocker-2-queued")  # seen by the driver's status tracker
+        deadline = time.monotonic() + 60
+        while not queued.exists() and time.monotonic() < deadline:
+            time.sleep(0.05)
         if hvd.rank() == 1:
             os.kill(os.getpid(), signal.SIGKILL)
         time.sleep(60)
@@ -63,8 +66,14 @@ def main(work: str) -> int:
             time.sleep(0.1)
         _hold(sc, "blocker-2", 120)
 
+    def when_queued() -> None:  # what the ranks wait for: the second blocker's job exists
+        while not sc.statusTracker().getJobIdsForGroup("blocker-2"):
+            time.sleep(0.05)
+        (marks / "blocker-2-queued").touch()
+
     blockers.append(threading.Thread(target=second_blocker, daemon=True))
     blockers[1].start()
+    threading.Thread(target=when_queued, daemon=True).start()
     try:
         runner = HorovodRunner(np=2, max_restarts=1, min_np=1, start_timeout=30)
         value = runner.run(train, marks=str(marks))
