@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import logging
 import os
-import re
 import time
 from pathlib import Path
 
@@ -19,6 +18,7 @@ import pytest
 
 from conftest import rank_processes
 from helpers.connect_server import client_session, connect_server
+from helpers.docblocks import block
 from hvdrunner import HorovodRunner, HorovodRunnerError
 from test_restarts_fit import TORCH_FIT, prepared_digits, torch_fit_with_fault
 from test_torch_recipe import linear_data, standard_recipe
@@ -173,8 +173,7 @@ def test_what_connect_cannot_serve_is_refused_before_launch(connect, runner, err
 @pytest.mark.timeout(120)
 def test_the_docs_example_runs_over_connect(connect, caplog):
     caplog.set_level(logging.INFO, logger="hvdrunner")
-    block = re.search(r"```python\n(.*?)```", DOC.read_text(), re.S)
-    assert block is not None
+    code = block("connect.md", "connect-example")
     scope: dict = {"spark": connect, "__name__": "__main__"}  # train pickled by value
-    exec(compile(block.group(1), str(DOC), "exec"), scope)  # noqa: S102 - the page's own code
+    exec(compile(code, str(DOC), "exec"), scope)  # noqa: S102 - the page's own code
     assert scope["result"] == pytest.approx(0.2) and _launched_over_connect(caplog)

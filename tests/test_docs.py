@@ -13,6 +13,8 @@ from pathlib import Path
 import pytest
 import yaml
 
+from helpers.docblocks import MARKED, marked
+
 ROOT = Path(__file__).resolve().parents[1]
 DOCS = sorted((ROOT / "docs").glob("*.md"))
 PAGES = [ROOT / "README.md", *DOCS]
@@ -57,10 +59,23 @@ def test_every_python_block_is_run_by_a_test_or_says_why_not(page):
             f"{page.name}:{line}: a python block needs, on the line before it, "
             f"<!-- runs: tests/test_x.py ... --> or <!-- not run: why -->"
         )
-        test = found.group(1)
-        if test:  # the test named must exist and read this page
-            source = (ROOT / test).read_text()
-            assert page.name in source, f"{page.name}:{line}: {test} does not read {page.name}"
+        assert found.group(1) is None or (
+            found.group(0) in {m[0].split("\n")[0] + "\n" for m in MARKED.finditer(text)}
+        ), f"{page.name}:{line}: a runs: marker needs a block id - (block-id) after the test"
+
+
+@pytest.mark.parametrize("page", PAGES, ids=lambda p: p.name)
+def test_every_block_a_test_runs_is_extracted_by_that_test(page):
+    """Named by an id and extracted by its test (helpers/docblocks.block): a test that only
+    paraphrases a block - or a page whose block changed - fails here or there."""
+    text = page.read_text()
+    assert text.count("<!-- runs:") == len(MARKED.findall(text)), (
+        f"{page.name}: every <!-- runs: tests/x.py (block-id) ... --> marker precedes a fenced "
+        "block and names its id"
+    )
+    for block_id, (test, _, _) in marked(page.name).items() if page.parent.name == "docs" else []:
+        call = f'block("{page.name}", "{block_id}")'
+        assert call in (ROOT / test).read_text(), f"{test} does not run {call}"
 
 
 # Paths the docs name in backticks: they must exist (a glob or placeholder is skipped).

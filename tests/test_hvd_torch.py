@@ -18,6 +18,7 @@ from pathlib import Path
 
 import pytest
 
+from helpers.docblocks import block
 from hvdrunner import HorovodRunner
 
 pytestmark = pytest.mark.torch
@@ -145,10 +146,7 @@ def test_the_recipe_on_the_engine_matches_compiled_horovod_bit_for_bit():
 
 def test_the_docs_recipe_runs_as_written(spark):
     # docs/pytorch.md's one-changed-import recipe, executed verbatim on 2 barrier tasks.
-    text = (SRC.parent / "docs" / "pytorch.md").read_text()
-    start = text.index("import hvdrunner.hvd_torch as hvd               # was")
-    start = text.rindex("```python\n", 0, start) + len("```python\n")
-    body, last = text[start : text.index("```", start)].rstrip().rsplit("\n", 1)
+    body, last = block("pytorch.md", "one-import").rstrip().rsplit("\n", 1)
     namespace = {"__name__": "docs_example"}
     exec(compile(body, "docs/pytorch.md", "exec"), namespace)  # noqa: S102 - the doc under test
     assert last == "HorovodRunner(np=2).run(train)"

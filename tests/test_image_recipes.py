@@ -8,12 +8,12 @@ decoded in memory (no stack has both torch and petastorm)."""
 from __future__ import annotations
 
 import io
-import re
 from pathlib import Path
 
 import numpy as np
 import pytest
 
+from helpers.docblocks import block
 from hvdrunner import HorovodRunner
 
 DOC = Path(__file__).resolve().parents[1] / "docs" / "petastorm.md"
@@ -21,12 +21,6 @@ DROP_IN = {"from hvdrunner.petastorm.spark import": "from petastorm.spark import
            "from hvdrunner.petastorm import TransformSpec": "from petastorm import TransformSpec"}  # fmt: skip
 # Reruns of the same recipe move the accuracy by a few points (initial weights, shuffles).
 SAME = 0.06
-
-
-def recipe(name: str) -> str:
-    found = re.search(rf"<!-- recipe: {name}[^>]*-->\n```python\n(.*?)```", DOC.read_text(), re.S)
-    assert found, f"docs/petastorm.md lost its {name} recipe"
-    return found.group(1)
 
 
 def flowers(spark, root: Path):
@@ -67,7 +61,7 @@ def images(tmp_path_factory):
 @pytest.mark.stacks("modern")
 @pytest.mark.timeout(420)
 def test_the_keras_image_recipe_trains_with_the_drop_in_under_keras_3(spark, tmp_path, images):
-    source = recipe("keras-images")
+    source = block("petastorm.md", "keras-images")
     assert all(line in source for line in DROP_IN)
     assert run_recipe(source, spark, f"file://{tmp_path}/cache", flowers(spark, images)) > 0.9
 
@@ -76,7 +70,7 @@ def test_the_keras_image_recipe_trains_with_the_drop_in_under_keras_3(spark, tmp
 @pytest.mark.stacks("lts")
 @pytest.mark.timeout(600)
 def test_the_keras_image_recipe_matches_real_petastorm(spark, tmp_path, images):
-    source = recipe("keras-images")
+    source = block("petastorm.md", "keras-images")
     frames = flowers(spark, images)
     ours = run_recipe(source, spark, f"file://{tmp_path}/ours", frames)
     real = source
@@ -138,7 +132,7 @@ def _decoded(frame) -> tuple[np.ndarray, np.ndarray]:
 def test_the_torch_image_recipe_trains_with_the_drop_in_and_matches_the_standard_feed(
     spark, tmp_path, images
 ):
-    source = recipe("torch-images")
+    source = block("petastorm.md", "torch-images")
     assert all(line in source for line in DROP_IN)
     frames = flowers(spark, images)
     ours = run_recipe(source, spark, f"file://{tmp_path}/cache", frames)

@@ -5,12 +5,12 @@ standard Horovod PyTorch recipe on the same rows in memory (no stack has torch a
 
 from __future__ import annotations
 
-import re
 from pathlib import Path
 
 import numpy as np
 import pytest
 
+from helpers.docblocks import block
 from hvdrunner import HorovodRunner
 
 DOC = Path(__file__).resolve().parents[1] / "docs" / "petastorm.md"
@@ -18,13 +18,6 @@ DROP_IN = "from hvdrunner.petastorm.spark import"
 # Equal accuracy, within what reruns move it (different initial weights and shuffles): the
 # recipe's reruns spread over 0.95-0.97 with either feed (benchmarks/results/petastorm_recipes-lts.json).
 SAME = 0.04
-
-
-def recipe(name: str) -> str:
-    """The ``<!-- recipe: name -->`` code block of docs/petastorm.md, as a user copies it."""
-    found = re.search(rf"<!-- recipe: {name}[^>]*-->\n```python\n(.*?)```", DOC.read_text(), re.S)
-    assert found, f"docs/petastorm.md lost its {name} recipe"
-    return found.group(1)
 
 
 def digits(spark):
@@ -61,7 +54,7 @@ def run_recipe(source: str, spark, cache_url: str) -> float:
 @pytest.mark.stacks("modern")
 @pytest.mark.timeout(300)
 def test_the_keras_recipe_runs_with_one_changed_import_under_keras_3(spark, tmp_path):
-    source = recipe("keras")
+    source = block("petastorm.md", "keras")
     assert DROP_IN in source and "import hvdrunner.hvd_keras as hvd" in source
     assert run_recipe(source, spark, f"file://{tmp_path}/cache") > 0.9
 
@@ -70,7 +63,7 @@ def test_the_keras_recipe_runs_with_one_changed_import_under_keras_3(spark, tmp_
 @pytest.mark.stacks("lts")
 @pytest.mark.timeout(480)
 def test_the_keras_recipe_matches_real_petastorm_on_keras_2(spark, tmp_path):
-    source = recipe("keras")
+    source = block("petastorm.md", "keras")
     ours = run_recipe(source, spark, f"file://{tmp_path}/ours")
     real = source.replace(DROP_IN, "from petastorm.spark import")
     theirs = run_recipe(real, spark, f"file://{tmp_path}/theirs")
@@ -111,7 +104,7 @@ def standard_recipe(x_train, y_train, x_val, y_val, batch_size=32, epochs=6, lr=
 def test_the_torch_recipe_runs_with_one_changed_import_and_matches_the_standard_feed(
     spark, tmp_path
 ):
-    source = recipe("torch")
+    source = block("petastorm.md", "torch")
     assert DROP_IN in source and "import hvdrunner.hvd_torch as hvd" in source
     ours = run_recipe(source, spark, f"file://{tmp_path}/cache")
     (train, val), _ = digits(spark)

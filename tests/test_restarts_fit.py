@@ -15,6 +15,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
+from helpers.docblocks import block
 from hvdrunner import HorovodRunner
 from hvdrunner.data import prepare
 
@@ -223,15 +224,8 @@ def test_keras_fit_survives_a_sigkill_and_ends_as_an_undisturbed_run(digits, sto
 # -- your own function: docs/faults.md's recipe ---------------------------------------------------
 def _doc_recipe() -> Any:
     """``train`` of docs/faults.md's recipe block, as a user pastes it into a notebook."""
-    import re
-    from pathlib import Path
-
-    doc = (Path(__file__).resolve().parents[1] / "docs" / "faults.md").read_text()
-    found = re.search(r"<!-- runs: tests/test_restarts_fit.py[^>]*-->\n```python\n(.*?)```",
-                      doc, re.S)  # fmt: skip
-    assert found, "docs/faults.md lost its restart recipe"
     namespace: dict[str, Any] = {"__name__": "__main__"}
-    exec(compile(found.group(1), "docs/faults.md", "exec"), namespace)
+    exec(compile(block("faults.md", "restart-recipe"), "docs/faults.md", "exec"), namespace)
     return namespace["train"]
 
 

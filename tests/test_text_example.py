@@ -3,11 +3,12 @@ padded by prepare(pad=...), an embedding model trained by hvdrunner.torch.fit on
 
 from __future__ import annotations
 
-import re
 from pathlib import Path
 
 import numpy as np
 import pytest
+
+from helpers.docblocks import block
 
 DOC = Path(__file__).resolve().parents[1] / "docs" / "data.md"
 GOOD = ["good", "great", "fine", "lovely", "superb"]
@@ -33,11 +34,10 @@ def reviews(spark, n: int = 800):
 @pytest.mark.torch
 @pytest.mark.timeout(300)
 def test_the_text_example_trains_an_embedding_model(spark, tmp_path):
-    source = re.search(r"<!-- recipe: text[^>]*-->\n```python\n(.*?)```", DOC.read_text(), re.S)
-    assert source, "docs/data.md lost its text example"
+    source = block("data.md", "text")
     namespace = {"__name__": "__main__", "spark": spark, "df": reviews(spark),
                  "cache_dir": str(tmp_path)}  # fmt: skip
-    exec(compile(source.group(1), str(DOC), "exec"), namespace)  # noqa: S102 - the doc as written
+    exec(compile(source, str(DOC), "exec"), namespace)  # noqa: S102 - the doc as written
     data = namespace["data"]
     assert [(c.name, c.dtype, c.shape) for c in data.columns] == [
         ("tokens", "int32", (16,)), ("label", "int32", ())]  # fmt: skip

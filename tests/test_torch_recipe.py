@@ -18,6 +18,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from helpers.docblocks import block
 from hvdrunner import HorovodRunner, HorovodRunnerError
 
 pytestmark = pytest.mark.torch
@@ -226,13 +227,6 @@ def test_collectives_pair_up_across_idle_ranks_with_the_idle_wait_patch(monkeypa
     assert time.monotonic() - t < 60
 
 
-def _doc_block(marker: str) -> str:
-    text = (ROOT / "docs" / "pytorch.md").read_text()
-    start = text.index(marker)
-    start = text.rindex("```python\n", 0, start) + len("```python\n")
-    return text[start : text.index("```", start)]
-
-
 @pytest.mark.timeout(240)
 def test_the_docs_pieces_example_runs_as_written(spark, tmp_path):
     # docs/pytorch.md's `hvdrunner.torch` loop, executed verbatim (only its last line's
@@ -247,7 +241,7 @@ def test_the_docs_pieces_example_runs_as_written(spark, tmp_path):
     frame = pd.DataFrame({"x": x.tolist(), "label": (x[:, 0] > 0).astype("int64")})
     data = prepare(spark.createDataFrame(frame), features="x", label="label",
                    cache_dir=str(tmp_path))  # fmt: skip
-    code = _doc_block("import hvdrunner.torch as ht")
+    code = block("pytorch.md", "fit-loop")
     namespace = {"__name__": "docs_example", "data": data,
                  "build_model": lambda: torch.nn.Linear(8, 2)}  # fmt: skip
     body, last = code.rstrip().rsplit("\n", 1)

@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 
 from helpers import bundle
+from helpers.docblocks import block
 from helpers.standin import ROOT, StandIn, StandInError, install_requirements, pip_install
 from hvdrunner import workspace
 
@@ -27,23 +28,17 @@ FAST = {"epochs": "2"}  # --var epochs=2: the jobs as deployed, shorter
 INSTALL_MD = ROOT / "docs" / "install.md"
 
 
-def _block(doc: Path, block_id: str) -> str:
-    """The code block of ``doc`` whose marker comment names ``block_id``."""
-    text = doc.read_text()
-    match = re.search(rf"<!-- runs: tests/test_workspace\.py \({block_id}\)[^>]*-->\n[ ]*```\w*\n(.*?)```",
-                      text, re.S)  # fmt: skip
-    assert match, f"{doc.name} has no block marked ({block_id})"
-    return "\n".join(line.strip() for line in match.group(1).splitlines())
-
-
 def _user_values(text: str, runtime: str) -> str:
     return (text.replace(workspace.CATALOG, VALUES["catalog"])
             .replace(workspace.SCHEMA, VALUES["schema"]).replace(workspace.RUNTIME, runtime))  # fmt: skip
 
 
 def _doctor(target: Path, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
-    """The docs' doctor cell, in the environment the install cell made (``target`` first)."""
-    code = f"import hvdrunner\n{workspace.DOCTOR_CELL}\nprint('FROM', hvdrunner.__file__)"
+    """docs/install.md's doctor cell, in the environment the install cell made (``target``
+    first); the page's cell is hvdrunner.workspace's (what the build job and hints print)."""
+    cell = block("install.md", "doctor-cell")
+    assert cell.strip() == workspace.DOCTOR_CELL
+    code = f"import hvdrunner\n{cell}\nprint('FROM', hvdrunner.__file__)"
     run_env = {
         **os.environ,
         **(env or {}),
@@ -168,7 +163,7 @@ def test_dev_keras_job_builds_once_then_trains_and_the_install_cell_works(tmp_pa
     ws.run_job("hvdrunner_build_horovod", {"rebuild": "true"})
     assert "already built" not in (ws.last / "build_horovod.log").read_text()
     # docs/install.md's cell, against the folder the build job wrote.
-    cell = _user_values(_block(INSTALL_MD, "install-tensorflow"), runtime)
+    cell = _user_values(block("install.md", "install-tensorflow"), runtime)
     line, restart = cell.strip().splitlines()
     assert restart == workspace.RESTART
     requirements_path = ws.map(line.split("-r ", 1)[1])
@@ -193,14 +188,14 @@ def test_dev_torch_job_and_keras_on_torch_need_nothing_built(tmp_path):
     values = k.run_job("hvdrunner_train")
     assert values["batch_inference"]["test_accuracy"] > 0.5
     # docs/install.md's PyTorch route: the wheel copied into the volume, one %pip line.
-    copy = _block(INSTALL_MD, "copy-torch-wheel").strip()
+    copy = block("install.md", "copy-torch-wheel").strip()
     src, dest = copy.split()[-2:]
     wheel = ws.files / src
     assert wheel.is_file(), f"{src} is not what the artifact build writes"
     dest_dir = ws.map(_user_values(dest.removeprefix("dbfs:"), ""))
     dest_dir.mkdir(parents=True, exist_ok=True)
     (dest_dir / wheel.name).write_bytes(wheel.read_bytes())
-    cell = _user_values(_block(INSTALL_MD, "install-torch"), "")
+    cell = _user_values(block("install.md", "install-torch"), "")
     line, restart = cell.strip().splitlines()
     assert restart == workspace.RESTART
     env_dir = tmp_path / "notebook-env"

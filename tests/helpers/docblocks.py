@@ -1,0 +1,30 @@
+"""The code blocks the docs promise a test runs, extracted by id: a page marks a block with
+``<!-- runs: tests/test_x.py (block-id): what the test does -->`` on the line before it, and
+that test runs ``block("page.md", "block-id")`` - the page's own text, not a paraphrase
+(tests/test_docs.py holds every marker to a test that extracts it so)."""
+
+from __future__ import annotations
+
+import re
+import textwrap
+from pathlib import Path
+
+DOCS = Path(__file__).resolve().parents[2] / "docs"
+#: A marked block: the test, its id, the block's language and text (indented in a list item).
+MARKED = re.compile(
+    r"<!-- runs: (tests/\S+\.py) \(([\w-]+)\)[^>]*-->\n([ ]*)```(\w*)\n(.*?)\n[ ]*```", re.S
+)
+
+
+def marked(page: str) -> dict[str, tuple[str, str, str]]:
+    """Every marked block of ``docs/<page>``: id -> (test, language, code)."""
+    text = (DOCS / page).read_text()
+    return {m[2]: (m[1], m[4], textwrap.dedent(f"{m[3]}{m[5]}").strip() + "\n")
+            for m in MARKED.finditer(text)}  # fmt: skip
+
+
+def block(page: str, block_id: str) -> str:
+    """The code of the block ``block_id`` of ``docs/<page>``, as a user would paste it."""
+    found = marked(page).get(block_id)
+    assert found, f"docs/{page} has no block marked ({block_id})"
+    return found[2]
