@@ -210,6 +210,13 @@ def rank_processes() -> list[psutil.Process]:
     return out
 
 
+@pytest.fixture()
+def marks(tmp_path: Path) -> Path:
+    """A folder for helpers/restart_marks.py's marks."""
+    (tmp_path / "marks").mkdir()
+    return tmp_path / "marks"
+
+
 @pytest.fixture
 def launches(monkeypatch: pytest.MonkeyPatch) -> list[int]:
     """Every time a job asked the launch seam where to run its ranks (``backends.choose``):

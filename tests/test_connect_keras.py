@@ -10,12 +10,11 @@ import logging
 import os
 
 import numpy as np
-import pandas as pd
 import pytest
 
+from helpers import digits as digit_data
 from helpers.connect_server import client_session, connect_server
 from hvdrunner import HorovodRunner, workspace
-from hvdrunner.data import prepare
 
 pytestmark = [pytest.mark.keras, pytest.mark.stacks("modern")]
 
@@ -42,16 +41,10 @@ def build_model():
 
 @pytest.mark.timeout(300)
 def test_a_keras_job_on_tensorflow_runs_from_a_connect_session(connect, tmp_path, caplog):
-    from sklearn.datasets import load_digits
-
     from hvdrunner.keras import fit
 
     caplog.set_level(logging.INFO, logger="hvdrunner")
-    x, y = load_digits(return_X_y=True)
-    frame = pd.DataFrame({"pixels": (x[:1024] / 16.0).astype("float32").tolist(),
-                          "label": y[:1024].astype("int64")})  # fmt: skip
-    data = prepare(connect.createDataFrame(frame), features="pixels", label="label",
-                   cache_dir=str(tmp_path / "cache"))  # fmt: skip
+    data = digit_data.prepared_first(connect, str(tmp_path / "cache"))
     result = HorovodRunner(np=2).run(
         fit, build_model=build_model, data=data, epochs=4, batch_size=32, learning_rate=0.003,
         loss="sparse_categorical_crossentropy", metrics=["accuracy"],

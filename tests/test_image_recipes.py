@@ -13,10 +13,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from helpers.docblocks import block
+from helpers.docblocks import block, run_as_notebook
 from hvdrunner import HorovodRunner
 
-DOC = Path(__file__).resolve().parents[1] / "docs" / "petastorm.md"
 DROP_IN = {"from hvdrunner.petastorm.spark import": "from petastorm.spark import",
            "from hvdrunner.petastorm import TransformSpec": "from petastorm import TransformSpec"}  # fmt: skip
 # Reruns of the same recipe move the accuracy by a few points (initial weights, shuffles).
@@ -43,13 +42,9 @@ def flowers(spark, root: Path):
 
 def run_recipe(source: str, spark, cache_url: str, frames) -> float:
     df_train, df_val = frames
-    namespace = {"__name__": "__main__", "spark": spark, "df_train": df_train,
-                 "df_val": df_val, "cache_url": cache_url}  # fmt: skip
-    try:
-        exec(compile(source, str(DOC), "exec"), namespace)  # noqa: S102 - the doc, as a notebook runs it
-    finally:
-        spark.conf.unset("petastorm.spark.converter.parentCacheDirUrl")
-    return float(namespace["val_accuracy"])
+    namespace = run_as_notebook(source, "petastorm.md", spark=spark, df_train=df_train,
+                                df_val=df_val, cache_url=cache_url)  # fmt: skip
+    return float(namespace["val_accuracy"])  # type: ignore[arg-type]
 
 
 @pytest.fixture(scope="module")

@@ -15,6 +15,7 @@ import pandas as pd
 import pytest
 
 from conftest import rank_processes
+from helpers import digits as digit_data
 from hvdrunner import HorovodRunner, HorovodRunnerError
 from hvdrunner.data import prepare
 from hvdrunner.keras import FitConfig, compat, fit
@@ -24,19 +25,7 @@ pytestmark = pytest.mark.keras
 
 @pytest.fixture(scope="module")
 def digits(spark, tmp_path_factory):
-    from sklearn.datasets import load_digits
-    from sklearn.model_selection import train_test_split
-
-    x, y = load_digits(return_X_y=True)
-    x_tr, x_te, y_tr, y_te = train_test_split(
-        x / 16.0, y, test_size=0.2, random_state=0, stratify=y
-    )
-    pdf = pd.DataFrame({"pixels": x_tr.astype("float32").tolist(), "label": y_tr.astype("int32")})
-    data = prepare(
-        spark.createDataFrame(pdf), features="pixels", label="label",
-        cache_dir=str(tmp_path_factory.mktemp("digits")),
-    )  # fmt: skip
-    return data, x_te.astype("float32"), y_te
+    return digit_data.prepared_split(spark, str(tmp_path_factory.mktemp("digits")), "int32")
 
 
 def build_mlp():
@@ -402,13 +391,8 @@ def test_validation_metrics_and_early_stopping_agree_on_every_rank(spark, digits
 def test_fit_accepts_a_petastorm_converter_with_equal_steps(spark, tmp_path, module):
     import importlib
 
-    from sklearn.datasets import load_digits
-
     petastorm_spark = importlib.import_module(module)
-    x, y = load_digits(return_X_y=True)
-    pdf = pd.DataFrame(
-        {"pixels": (x / 16.0).astype("float32").tolist(), "label": y.astype("int32")}
-    )
+    pdf = digit_data.frame(*digit_data.arrays(), label_dtype="int32")
     # 7 partitions of unequal size: petastorm's row-group shards are unequal across 2 ranks.
     df = spark.createDataFrame(pdf).repartition(7)
     conf = petastorm_spark.SparkDatasetConverter.PARENT_CACHE_DIR_URL_CONF

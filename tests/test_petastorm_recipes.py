@@ -5,15 +5,12 @@ standard Horovod PyTorch recipe on the same rows in memory (no stack has torch a
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import numpy as np
 import pytest
 
-from helpers.docblocks import block
+from helpers.docblocks import block, run_as_notebook
 from hvdrunner import HorovodRunner
 
-DOC = Path(__file__).resolve().parents[1] / "docs" / "petastorm.md"
 DROP_IN = "from hvdrunner.petastorm.spark import"
 # Equal accuracy, within what reruns move it (different initial weights and shuffles): the
 # recipe's reruns spread over 0.95-0.97 with either feed (benchmarks/results/petastorm_recipes-lts.json).
@@ -41,13 +38,9 @@ def digits(spark):
 def run_recipe(source: str, spark, cache_url: str) -> float:
     """Execute a recipe as a notebook would (module ``__main__``); its ``val_accuracy``."""
     _, (df_train, df_val) = digits(spark)
-    namespace = {"__name__": "__main__", "spark": spark, "df_train": df_train,
-                 "df_val": df_val, "cache_url": cache_url}  # fmt: skip
-    try:
-        exec(compile(source, str(DOC), "exec"), namespace)
-    finally:
-        spark.conf.unset("petastorm.spark.converter.parentCacheDirUrl")
-    return float(namespace["val_accuracy"])
+    namespace = run_as_notebook(source, "petastorm.md", spark=spark, df_train=df_train,
+                                df_val=df_val, cache_url=cache_url)  # fmt: skip
+    return float(namespace["val_accuracy"])  # type: ignore[arg-type]
 
 
 @pytest.mark.keras

@@ -20,6 +20,7 @@ from pathlib import Path
 import psutil
 import pytest
 
+from helpers.restart_marks import attempts_run, mark
 from hvdrunner import HorovodRunner, HorovodRunnerError
 from hvdrunner._launch.protocol import place_of
 from hvdrunner.core.checkpoint import CheckpointDir
@@ -28,23 +29,9 @@ from hvdrunner.distributed import attempt, rank
 HELPERS = Path(__file__).parent / "helpers"
 
 
-def _mark(marks: str) -> None:
-    Path(marks, f"attempt{attempt()}-rank{rank()}").touch()
-
-
-def _attempts_run(marks: Path) -> list[str]:
-    return sorted({p.name.split("-")[0] for p in marks.iterdir()})
-
-
-@pytest.fixture()
-def marks(tmp_path: Path) -> Path:
-    (tmp_path / "marks").mkdir()
-    return tmp_path / "marks"
-
-
 # -- 1. timeout bounds the whole job ------------------------------------------------------------
 def killed_after(marks: str, seconds: float) -> None:
-    _mark(marks)
+    mark(marks)
     time.sleep(seconds)
     if rank() == 1:
         os.kill(os.getpid(), signal.SIGKILL)
@@ -69,7 +56,7 @@ def test_timeout_bounds_every_attempt_together(marks):
 
 # -- 2. nothing left listening ------------------------------------------------------------------
 def killed_in_attempt_1(marks: str) -> int:
-    _mark(marks)
+    mark(marks)
     if attempt() == 1:
         if rank() == 1:
             time.sleep(0.3)
@@ -92,7 +79,7 @@ def _service_threads() -> list[str]:
 def test_no_listening_socket_or_service_thread_outlives_its_attempt(marks):
     before = _listening()
     assert HorovodRunner(np=-2, max_restarts=3).run(killed_in_attempt_1, marks=str(marks)) == 2
-    assert _attempts_run(marks) == ["attempt1", "attempt2"]
+    assert attempts_run(marks) == ["attempt1", "attempt2"]
     deadline = time.monotonic() + 5  # the rendezvous server stops in the background (0.5 s)
     while (_listening() - before or _service_threads()) and time.monotonic() < deadline:
         time.sleep(0.2)
@@ -141,7 +128,7 @@ def test_a_restart_shrinks_to_the_slots_another_job_leaves_free(tmp_path):
 
 # -- 5. an unpicklable value is not retried -----------------------------------------------------
 def returns_a_lock(marks: str) -> object:
-    _mark(marks)
+    mark(marks)
     return threading.Lock()
 
 
@@ -149,7 +136,7 @@ def returns_a_lock(marks: str) -> object:
 def test_an_unpicklable_return_value_is_not_trained_again(marks):
     with pytest.raises(HorovodRunnerError) as info:
         HorovodRunner(np=-2, max_restarts=2).run(returns_a_lock, marks=str(marks))
-    assert _attempts_run(marks) == ["attempt1"]
+    assert attempts_run(marks) == ["attempt1"]
     assert info.value.cause == "result" and "cannot be pickled" in info.value.summary
     assert (
         "not restarted: rank 0's value would again not reach the driver" in info.value.attempts[0]
@@ -171,7 +158,7 @@ def _cell(name: str, factor: int):
 
 
 def fails_in_a_different_cell_each_attempt(marks: str, cells: list) -> str:
-    _mark(marks)
+    mark(marks)
     if rank() == 1 and attempt() <= len(cells):
         cells[attempt() - 1](attempt())
     return f"attempt {attempt()}"
@@ -199,12 +186,12 @@ def test_two_cells_failing_at_the_same_line_number_are_two_failures(marks):
         fails_in_a_different_cell_each_attempt, marks=str(marks), cells=cells
     )
     assert value == "attempt 3"
-    assert _attempts_run(marks) == ["attempt1", "attempt2", "attempt3"]
+    assert attempts_run(marks) == ["attempt1", "attempt2", "attempt3"]
 
 
 # -- 7. a rank lost after rank 0 returned -------------------------------------------------------
 def rank1_killed_after_rank0_returned(marks: str) -> str:
-    _mark(marks)
+    mark(marks)
     if rank() == 1:
         time.sleep(1.5)
         os.kill(os.getpid(), signal.SIGKILL)
@@ -217,7 +204,7 @@ def test_a_rank_killed_after_rank0_returned_does_not_undo_the_job(marks, max_res
     caplog.set_level(logging.WARNING, logger="hvdrunner")
     runner = HorovodRunner(np=-2, max_restarts=max_restarts)
     assert runner.run(rank1_killed_after_rank0_returned, marks=str(marks)) == "rank 0 of attempt 1"
-    assert _attempts_run(marks) == ["attempt1"]
+    assert attempts_run(marks) == ["attempt1"]
     warned = [r.getMessage() for r in caplog.records if "after rank 0 returned" in r.getMessage()]
     assert len(warned) == 1 and "Rank 1 died (SIGKILL" in warned[0]
 
@@ -228,7 +215,7 @@ def exits_zero_before_a_collective(marks: str) -> float:
     import tensorflow as tf
 
     hvd.init()
-    _mark(marks)
+    mark(marks)
     if hvd.rank() == 1:
         os._exit(0)
     return float(hvd.allreduce(tf.constant(1.0), op=hvd.Sum).numpy())
@@ -239,7 +226,7 @@ def test_a_rank_exiting_with_code_0_mid_way_is_named_and_not_restarted(marks):
     with pytest.raises(HorovodRunnerError) as info:
         HorovodRunner(np=-2, max_restarts=2).run(exits_zero_before_a_collective, marks=str(marks))
     err = info.value
-    assert _attempts_run(marks) == ["attempt1"]
+    assert attempts_run(marks) == ["attempt1"]
     assert err.cause == "early" and err.rank == 0
     assert "Rank(s) [1] had exited with code 0 before their function returned" in err.summary
     assert "not restarted: a rank that returns or exits (code 0) early" in err.attempts[0]

@@ -14,6 +14,7 @@ from pathlib import Path
 import mlflow
 import pytest
 
+from helpers.restart_marks import attempts_run, mark
 from hvdrunner import HorovodRunner, HorovodRunnerError, RanksOutOfSyncError
 from hvdrunner._launch.driver.restarts import Attempt, final_error, judge
 from hvdrunner.distributed import attempt, rank
@@ -101,7 +102,7 @@ def test_bad_restart_arguments_are_refused_naming_the_argument(kwargs, fragment)
 # -- functions that run on the ranks ---------------------------------------------------------
 def killed_in_attempt_1(marks: str) -> dict:
     """Rank 1 of attempt 1 is SIGKILLed while rank 0 still works; later attempts succeed."""
-    Path(marks, f"attempt{attempt()}-rank{rank()}").touch()
+    mark(marks)
     if attempt() == 1:
         if rank() == 1:
             time.sleep(0.5)
@@ -111,36 +112,24 @@ def killed_in_attempt_1(marks: str) -> dict:
 
 
 def killed_every_time(marks: str) -> None:
-    Path(marks, f"attempt{attempt()}-rank{rank()}").touch()
+    mark(marks)
     if rank() == 1:
         os.kill(os.getpid(), signal.SIGKILL)
     time.sleep(120)
 
 
 def raises_at_the_same_line(marks: str) -> None:
-    Path(marks, f"attempt{attempt()}-rank{rank()}").touch()
+    mark(marks)
     if rank() == 1:
         raise ValueError(f"bad value in attempt {attempt()}")
     time.sleep(120)
 
 
 def out_of_sync(marks: str) -> None:
-    Path(marks, f"attempt{attempt()}-rank{rank()}").touch()
+    mark(marks)
     if rank() == 1:
         raise RanksOutOfSyncError("rank 1 holds other weights")
     time.sleep(120)
-
-
-def _attempts_run(marks: Path) -> list[str]:
-    """The attempts whose ranks reached the function (a rank stopped by the abort of its
-    attempt may not have: only the attempt is counted)."""
-    return sorted({p.name.split("-")[0] for p in marks.iterdir()})
-
-
-@pytest.fixture()
-def marks(tmp_path: Path) -> Path:
-    (tmp_path / "marks").mkdir()
-    return tmp_path / "marks"
 
 
 # -- real jobs ---------------------------------------------------------------------------------
@@ -152,7 +141,7 @@ def test_a_sigkilled_rank_is_restarted_and_the_job_returns_rank0s_value(spark, n
     value = HorovodRunner(np=np_, max_restarts=2).run(killed_in_attempt_1, marks=str(marks))
     assert time.monotonic() - t0 < RESTART_BOUND_S
     assert value["attempt"] == 2 and value["rank"] == 0
-    assert _attempts_run(marks) == ["attempt1", "attempt2"]
+    assert attempts_run(marks) == ["attempt1", "attempt2"]
     warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
     restart = [w for w in warnings if w.startswith("restarting the job")]
     assert len(restart) == 1 and "restart 1 of at most 2" in restart[0]
@@ -167,7 +156,7 @@ def test_the_same_exception_twice_is_reported_once_with_every_attempts_cause(mar
         HorovodRunner(np=-2, max_restarts=3).run(raises_at_the_same_line, marks=str(marks))
     err = info.value
     # Restarted once, then stopped (3 allowed): the same line raised again.
-    assert _attempts_run(marks) == ["attempt1", "attempt2"]
+    assert attempts_run(marks) == ["attempt1", "attempt2"]
     assert err.summary.startswith("Rank 1 failed with ValueError: bad value in attempt 2")
     assert err.exc_type == "ValueError" and err.rank == 1 and len(err.attempts) == 2
     assert "bad value in attempt 1" in err.attempts[0] and "-> restarted" in err.attempts[0]
@@ -183,7 +172,7 @@ def test_the_same_exception_twice_is_reported_once_with_every_attempts_cause(mar
 def test_a_failure_a_restart_cannot_fix_is_not_restarted(marks):
     with pytest.raises(HorovodRunnerError) as info:
         HorovodRunner(np=-2, max_restarts=3).run(out_of_sync, marks=str(marks))
-    assert _attempts_run(marks) == ["attempt1"]
+    assert attempts_run(marks) == ["attempt1"]
     assert info.value.exc_type == "RanksOutOfSyncError"
     assert info.value.attempts == [
         f"attempt 1 (np=2): {info.value.summary} -> not restarted: RanksOutOfSyncError is "
@@ -195,7 +184,7 @@ def test_a_failure_a_restart_cannot_fix_is_not_restarted(marks):
 def test_used_up_restarts_end_the_run_failed_listing_each_attempt(marks, store):
     with mlflow.start_run() as run, pytest.raises(HorovodRunnerError) as info:
         HorovodRunner(np=-2, max_restarts=1).run(killed_every_time, marks=str(marks))
-    assert _attempts_run(marks) == ["attempt1", "attempt2"]
+    assert attempts_run(marks) == ["attempt1", "attempt2"]
     assert [a.split(" -> ")[1].split(":")[0] for a in info.value.attempts] == [
         "restarted", "not restarted"]  # fmt: skip
     assert "max_restarts=1 used up" in info.value.attempts[1]

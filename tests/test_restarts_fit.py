@@ -12,12 +12,11 @@ from typing import Any
 
 import mlflow
 import numpy as np
-import pandas as pd
 import pytest
 
+from helpers import digits as digit_data
 from helpers.docblocks import block
 from hvdrunner import HorovodRunner
-from hvdrunner.data import prepare
 
 EPOCHS = 5
 #: Where each fault strikes in attempt 1 (the epoch is 0-based):
@@ -31,13 +30,7 @@ FAULTS = {"rank1-in-epoch4": (1, 3, 2), "rank0-after-save2": (0, 2, 1)}  # rank,
 def prepared_digits(session, cache_dir: str):
     """1,024 digits (64 pixels in [0, 1], a label) prepared from ``session`` (classic or
     Spark Connect): the data every fit of these restart tests trains on."""
-    from sklearn.datasets import load_digits
-
-    x, y = load_digits(return_X_y=True)
-    frame = pd.DataFrame({"pixels": (x[:1024] / 16.0).astype("float32").tolist(),
-                          "label": y[:1024].astype("int64")})  # fmt: skip
-    return prepare(session.createDataFrame(frame), features="pixels", label="label",
-                   cache_dir=cache_dir)  # fmt: skip
+    return digit_data.prepared_first(session, cache_dir)
 
 
 @pytest.fixture(scope="module")

@@ -14,6 +14,7 @@ import pandas as pd
 import pytest
 
 from conftest import rank_processes
+from helpers import digits as digit_data
 from helpers.docblocks import block
 from hvdrunner import HorovodRunner, HorovodRunnerError
 from hvdrunner.data import prepare
@@ -33,16 +34,7 @@ def run_fit(**kwargs):
 
 @pytest.fixture(scope="module")
 def digits(spark, tmp_path_factory):
-    from sklearn.datasets import load_digits
-    from sklearn.model_selection import train_test_split
-
-    x, y = load_digits(return_X_y=True)
-    x_tr, x_te, y_tr, y_te = train_test_split(x / 16.0, y, test_size=0.2, random_state=0,
-                                              stratify=y)  # fmt: skip
-    frame = pd.DataFrame({"pixels": x_tr.astype("float32").tolist(), "label": y_tr.astype("int64")})
-    data = prepare(spark.createDataFrame(frame), features="pixels", label="label",
-                   cache_dir=str(tmp_path_factory.mktemp("digits")))  # fmt: skip
-    return data, x_te.astype("float32"), y_te
+    return digit_data.prepared_split(spark, str(tmp_path_factory.mktemp("digits")))
 
 
 def build_mlp():

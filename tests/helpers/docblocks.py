@@ -28,3 +28,17 @@ def block(page: str, block_id: str) -> str:
     found = marked(page).get(block_id)
     assert found, f"docs/{page} has no block marked ({block_id})"
     return found[2]
+
+
+def run_as_notebook(code: str, page: str, **names: object) -> dict[str, object]:
+    """Run a block as a notebook cell runs it (module ``__main__``, the notebook's globals in
+    ``names``: ``spark``, the frames...); its namespace after the run. A Petastorm-style block
+    sets the converter's parent cache folder on the session: unset again whatever happens."""
+    namespace: dict[str, object] = {"__name__": "__main__", **names}
+    try:
+        exec(compile(code, str(DOCS / page), "exec"), namespace)  # noqa: S102 - the page's own code
+    finally:
+        spark = names.get("spark")
+        if spark is not None:
+            spark.conf.unset("petastorm.spark.converter.parentCacheDirUrl")  # type: ignore[attr-defined]
+    return namespace

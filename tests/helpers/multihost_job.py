@@ -327,14 +327,12 @@ class Job:
         dies; ``cut``: its link goes down, its processes live on), then comes back and the
         same job resumes from its last checkpoint into the same MLflow run."""
         import mlflow
-        from sklearn.datasets import load_digits
+        from digits import arrays, frame
 
         from hvdrunner import HorovodRunner, HorovodRunnerError
         from hvdrunner.keras import fit
 
-        x, y = load_digits(return_X_y=True)
-        data = self.prepare(pd.DataFrame({"pixels": (x / 16.0).astype("float32").tolist(),
-                                          "label": y.astype("int32")}), "pixels", "label", "digits")  # fmt: skip
+        data = self.prepare(frame(*arrays(), label_dtype="int32"), "pixels", "label", "digits")
         mlflow.set_tracking_uri(f"sqlite:///{self.shared / 'mlflow.db'}")
         mlflow.set_experiment("multihost")
         marker, ckpt = self.shared / f"epoch2-{how}.json", self.shared / f"ckpt-{how}"
