@@ -4,6 +4,7 @@ facts the docs count (notebooks, jobs, modules) match the repository."""
 
 from __future__ import annotations
 
+import os
 import re
 import subprocess
 import sys
@@ -365,3 +366,48 @@ def test_no_runtime_message_points_to_a_docs_file_an_installed_wheel_lacks():
                     and id(node) not in docstrings and re.search(r"docs/[\w-]+\.md", node.value)):  # fmt: skip
                 found.append(f"{path.relative_to(ROOT)}:{node.lineno}")
     assert not found, f"messages naming docs/*.md, which the wheel does not ship: {found}"
+
+
+def _table_column(stage: str) -> dict[str, int]:
+    """docs/testing.md's per-module counts for ``stage`` ("—": none), "in all" as ``*``."""
+    text = (ROOT / "docs" / "testing.md").read_text()
+    header = next(line for line in text.splitlines() if line.startswith("| module |"))
+    col = [c.strip() for c in header.strip("|").split("|")].index(stage)
+    counts = {}
+    for line in text.splitlines():
+        cells = [c.strip() for c in line.strip("|").split("|")]
+        name = (
+            re.fullmatch(r"`(test_\w+\.py)`|\*\*in all\*\*", cells[0])
+            if line.startswith("| ")
+            else None
+        )
+        if name and len(cells) > col:
+            number = re.match(r"\d+", cells[col])
+            counts[name.group(1) or "*"] = int(number.group(0)) if number else 0
+    return counts
+
+
+# Each stage checks its own column (tf_keras mode: the keras_mode tests of `make test-tf-keras`).
+@pytest.mark.keras_torch
+@pytest.mark.keras_mode
+@pytest.mark.stacks("modern", "lts", "torch", "gpu")
+def test_testing_md_counts_the_tests_this_stage_runs():
+    from conftest import selected_stack
+
+    stack = selected_stack()
+    if stack is None:
+        pytest.skip("not a stage of `make test`: STACK selects one (docs/testing.md)")
+    tf_keras = os.environ.get("TF_USE_LEGACY_KERAS") == "1"
+    proc = subprocess.run(
+        [sys.executable, "-m", "pytest", "--collect-only", "-q", "-p", "no:cacheprovider",
+         *(["-m", "keras_mode"] if tf_keras else [])],
+        cwd=ROOT, capture_output=True, text=True, timeout=600,
+    )  # fmt: skip
+    found: dict[str, int] = {}
+    for line in proc.stdout.splitlines():
+        if "::" in line:
+            module = line.split("::")[0].rsplit("/", 1)[-1]
+            found[module] = found.get(module, 0) + 1
+    found["*"] = sum(found.values())
+    said = {k: v for k, v in _table_column("tf_keras mode" if tf_keras else stack).items() if v}
+    assert found == said, f"docs/testing.md's {stack} column: {said}; collected: {found}"

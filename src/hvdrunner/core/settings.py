@@ -3,8 +3,9 @@
 :class:`TrainingSettings` holds what data-parallel training means whatever the framework
 (epochs, batch size, the learning-rate rules, checkpoints, the gradient-exchange knobs);
 ``hvdrunner.keras.FitConfig`` and ``hvdrunner.torch.FitConfig`` add their own fields.
-:func:`make_config` is the one entry from keyword arguments, on the driver (preflight) and
-first thing in every rank; :func:`fit_signature` makes a ``fit``'s signature from its
+:func:`make_config` is the one entry from keyword arguments: under ``HorovodRunner`` it runs
+once, on the driver before launch (``fit``'s preflight), and every rank uses that config as
+it is; a ``fit`` called in a process of your own validates its arguments there; :func:`fit_signature` makes a ``fit``'s signature from its
 config, so a setting is declared, defaulted and checked in one place.
 
 Example:

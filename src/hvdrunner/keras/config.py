@@ -3,8 +3,8 @@
 ``fit``'s keyword arguments *are* FitConfig's fields (its signature is generated from them),
 so a setting is declared, defaulted, documented and checked in one place. The
 framework-neutral fields and their checks live in :mod:`hvdrunner.core.settings` (shared
-with ``hvdrunner.torch``); this module adds the Keras ones. The same validator runs on the
-driver before launch (``HorovodRunner.run``'s preflight) and first thing in every rank.
+with ``hvdrunner.torch``); this module adds the Keras ones. Under ``HorovodRunner`` it runs
+once, on the driver before launch (``fit``'s preflight); the ranks use that config as it is.
 
 Example:
     >>> cfg = make_config(None, {"epochs": 2, "batch_size": 32, "loss": "mse"})
@@ -32,7 +32,7 @@ __all__ = ["INPUTS", "OPTIMIZERS", "FitConfig", "FitResult", "make_config"]
 
 @dataclass(frozen=True, kw_only=True)
 class FitConfig(TrainingSettings):
-    """Validated settings of :func:`fit` (checked first thing on every rank): the fields of
+    """Validated settings of :func:`fit` (checked once, before any rank starts): the fields of
     :class:`~hvdrunner.core.settings.TrainingSettings` and these.
 
     Attributes:
