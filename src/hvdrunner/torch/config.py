@@ -41,8 +41,8 @@ __all__ = [
 
 @dataclass(frozen=True, kw_only=True)
 class FitConfig(TrainingSettings):
-    """Validated settings of :func:`hvdrunner.torch.fit` (checked first thing on every
-    rank): the fields of :class:`~hvdrunner.core.settings.TrainingSettings` and these.
+    """Validated settings of :func:`hvdrunner.torch.fit` (checked once, before any rank
+    starts): the fields of :class:`~hvdrunner.core.settings.TrainingSettings` and these.
 
     Attributes:
         loss: ``"cross_entropy"``, ``"mse"``, ... or a function ``(output, target) -> loss``
