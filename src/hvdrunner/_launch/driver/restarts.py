@@ -7,8 +7,8 @@ The policy (docs/faults.md, "Automatic restarts"):
 - **restarted**: the machine or the cluster failed, not the code — a host or task lost
   (``lost``), a rank killed by a signal or exiting non-zero without a Python exception
   (``died``: a spot node reclaimed, the OOM killer, ``kill -9``, a C library's
-  ``exit(1)``/``abort()``), the Spark job failed under the ranks
-  (``backend``: an executor died, a stage cancelled), a collective that failed because a
+  ``exit(1)``/``abort()``), the launch backend's job failed under the ranks
+  (``backend``; on Spark: an executor died, a stage cancelled), a collective that failed because a
   peer vanished;
 - **restarted once**: any other exception raised in the training function. If a later
   attempt raises the same type at the same line, the job stops: a restart would fail there

@@ -58,10 +58,10 @@ def lost_failure(tasks: Sequence[Task]) -> HorovodRunnerError | None:
             f"host {where} with rank(s) {ranks}" if whole else f"rank(s) {ranks} on {where}"
         )
     return HorovodRunnerError(
-        f"Lost {'; '.join(parts)} before they finished: the connection to their Spark "
+        f"Lost {'; '.join(parts)} before they finished: the connection to their "
         f"task(s) dropped or fell silent (no heartbeat) without an exit report, so the "
-        f"machine, its executor or its network went away (see that executor's log and "
-        f"the cluster's event log). The other ranks were stopped; a rerun with the same "
+        f"machine, its task (on Spark: its executor) or its network went away (see that "
+        f"task's log and the cluster's event log). The other ranks were stopped; a rerun with the same "
         f"checkpoint_dir resumes (HorovodRunner(max_restarts=N) reruns by itself).",
         rank=min(t.rank for t in lost if t.rank is not None),
         cause="lost",
