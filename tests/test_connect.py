@@ -17,7 +17,7 @@ import pandas as pd
 import pytest
 
 from conftest import rank_processes
-from helpers.connect_server import client_session, connect_server
+from helpers.connect_server import connect_session
 from helpers.docblocks import block
 from hvdrunner import HorovodRunner, HorovodRunnerError
 from test_restarts_fit import TORCH_FIT, prepared_digits, torch_fit_with_fault
@@ -30,16 +30,8 @@ DOC = Path(__file__).resolve().parents[1] / "docs" / "connect.md"
 @pytest.fixture(scope="module")
 def connect(tmp_path_factory):
     """A Connect client session to a fresh local[2] server, active while the module runs."""
-    with connect_server(tmp_path_factory.mktemp("connect")) as url:
-        session = client_session(url)
-        try:
-            yield session
-        finally:
-            session.stop()
-            # pyspark marks the whole process as Connect-mode when a remote session starts
-            # (its functions then build Connect columns): the classic tests after this
-            # module need it back as it was.
-            os.environ.pop("SPARK_CONNECT_MODE_ENABLED", None)
+    with connect_session(tmp_path_factory.mktemp("connect")) as session:
+        yield session
 
 
 @pytest.fixture(scope="module")

@@ -7,13 +7,12 @@ Spark only through the Connect client."""
 from __future__ import annotations
 
 import logging
-import os
 
 import numpy as np
 import pytest
 
 from helpers import digits as digit_data
-from helpers.connect_server import client_session, connect_server
+from helpers.connect_server import connect_session
 from hvdrunner import HorovodRunner, workspace
 
 pytestmark = [pytest.mark.keras, pytest.mark.stacks("modern")]
@@ -21,15 +20,8 @@ pytestmark = [pytest.mark.keras, pytest.mark.stacks("modern")]
 
 @pytest.fixture(scope="module")
 def connect(tmp_path_factory):
-    with connect_server(tmp_path_factory.mktemp("connect")) as url:
-        session = client_session(url)
-        try:
-            yield session
-        finally:
-            session.stop()
-            # pyspark marks the process as Connect-mode once a remote session starts: the
-            # classic tests after this module need it back as it was.
-            os.environ.pop("SPARK_CONNECT_MODE_ENABLED", None)
+    with connect_session(tmp_path_factory.mktemp("connect")) as session:
+        yield session
 
 
 def build_model():

@@ -33,6 +33,14 @@ def _user_values(text: str, runtime: str) -> str:
             .replace(workspace.SCHEMA, VALUES["schema"]).replace(workspace.RUNTIME, runtime))  # fmt: skip
 
 
+def _install_line(cell: str, runtime: str) -> str:
+    """An install cell of docs/install.md with the test's names: its ``%pip`` line (the
+    cell's second line must be the restart every install cell ends with)."""
+    line, restart = _user_values(cell, runtime).strip().splitlines()
+    assert restart == workspace.RESTART
+    return line
+
+
 def _doctor(target: Path, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
     """docs/install.md's doctor cell, in the environment the install cell made (``target``
     first); the page's cell is hvdrunner.workspace's (what the build job and hints print)."""
@@ -163,9 +171,7 @@ def test_dev_keras_job_builds_once_then_trains_and_the_install_cell_works(tmp_pa
     ws.run_job("hvdrunner_build_horovod", {"rebuild": "true"})
     assert "already built" not in (ws.last / "build_horovod.log").read_text()
     # docs/install.md's cell, against the folder the build job wrote.
-    cell = _user_values(block("install.md", "install-tensorflow"), runtime)
-    line, restart = cell.strip().splitlines()
-    assert restart == workspace.RESTART
+    line = _install_line(block("install.md", "install-tensorflow"), runtime)
     requirements_path = ws.map(line.split("-r ", 1)[1])
     env_dir = tmp_path / "notebook-env"
     assert install_requirements(requirements_path, env_dir) == [ws.vars["tensorflow_pip"]]
@@ -195,9 +201,7 @@ def test_dev_torch_job_and_keras_on_torch_need_nothing_built(tmp_path):
     dest_dir = ws.map(_user_values(dest.removeprefix("dbfs:"), ""))
     dest_dir.mkdir(parents=True, exist_ok=True)
     (dest_dir / wheel.name).write_bytes(wheel.read_bytes())
-    cell = _user_values(block("install.md", "install-torch"), "")
-    line, restart = cell.strip().splitlines()
-    assert restart == workspace.RESTART
+    line = _install_line(block("install.md", "install-torch"), "")
     env_dir = tmp_path / "notebook-env"
     pip_install([str(ws.map(line.split()[-1]))], env_dir)
     doctor = _doctor(env_dir, {"KERAS_BACKEND": ""})
@@ -258,8 +262,8 @@ def test_the_wheel_check_names_a_tensorflow_or_gpu_the_wheel_was_not_built_for(t
     key = "horovod-0.28.1-tf2.21.0-py312-cuda13.0-nccl2.30.7-sm75.80.90-gloo-nompi-px-x86_64"
     assert build.cuda_archs(key) == ["75", "80", "90"]
     assert build.cuda_archs("horovod-0.28.1-tf2.21.0-py312-cpu-gloo-nompi-px-x86_64") == []
-    assert build.pinned_version("tensorflow[and-cuda]==2.21.0") == "2.21.0"
-    assert build.pinned_version("tensorflow>=2.16") is None
+    assert check.pinned_version("tensorflow[and-cuda]==2.21.0") == "2.21.0"
+    assert check.pinned_version("tensorflow>=2.16") is None
     wheel = tmp_path / "horovod-0.28.1-cp312-cp312-linux_x86_64.whl"
     wheel.write_bytes(b"wheel")
     Path(f"{wheel}.json").write_text(json.dumps(

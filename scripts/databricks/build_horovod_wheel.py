@@ -45,6 +45,7 @@ import tempfile
 # file with its own folder first on sys.path, as `python build_horovod_wheel.py` does.
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import gpu_toolchain  # noqa: E402
+from check_wheel import pinned_version  # noqa: E402
 
 DATABRICKS_PYTHON = "/databricks/python/bin/python"
 
@@ -163,12 +164,6 @@ def _installed(python: str, dist: str, env: dict[str, str]) -> str | None:
     code = f"import importlib.metadata as m\ntry: print(m.version({dist!r}))\nexcept m.PackageNotFoundError: pass"
     proc = subprocess.run([python, "-c", code], env=env, capture_output=True, text=True)
     return proc.stdout.strip() or None
-
-
-def pinned_version(spec: str) -> str | None:
-    """``tensorflow[and-cuda]==2.21.0`` -> ``2.21.0``; None without an exact pin."""
-    match = re.fullmatch(r"\s*[A-Za-z0-9_.-]+(?:\[[^]]*\])?\s*==\s*([^\s;,]+)\s*", spec)
-    return match.group(1) if match else None
 
 
 def _frameworks(python: str, env: dict[str, str], requires: str | None) -> dict[str, str]:

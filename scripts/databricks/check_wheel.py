@@ -53,7 +53,9 @@ def node_gpus() -> list[str]:
     return sorted({line.strip().replace(".", "") for line in out.splitlines() if line.strip()})
 
 
-def _pinned(spec: str) -> str | None:
+def pinned_version(spec: str) -> str | None:
+    """``tensorflow[and-cuda]==2.21.0`` -> ``2.21.0``; None without an exact pin (the build
+    job, build_horovod_wheel.py, reads pins with this too)."""
     match = re.fullmatch(r"\s*[A-Za-z0-9_.-]+(?:\[[^]]*\])?\s*==\s*([^\s;,]+)\s*", spec)
     return match.group(1) if match else None
 
@@ -66,7 +68,7 @@ def _fit(record: dict, rebuild: str, runtime: str | None, requires: str | None,
     if runtime and built_on and built_on not in (runtime, "not Databricks"):
         found.append(f"it was built on runtime {built_on}, this cluster runs {runtime}: rebuild "
                      f"with `{rebuild}` or point spark_version at {built_on}")  # fmt: skip
-    want, built = (_pinned(requires) if requires else None), record.get("frameworks", {})
+    want, built = (pinned_version(requires) if requires else None), record.get("frameworks", {})
     if want and "tensorflow" in built and built["tensorflow"] != want:
         found.append(f"it was built against tensorflow {built['tensorflow']}, the Keras task "
                      f"installs {requires}: rebuild with `{rebuild}`")  # fmt: skip

@@ -84,3 +84,18 @@ def client_session(url: str) -> Any:
 
     os.environ["SPARK_CONNECT_MODE_ENABLED"] = "1"
     return ConnectSession.builder.remote(url).getOrCreate()
+
+
+@contextmanager
+def connect_session(workdir: Path) -> Iterator[Any]:
+    """A Connect client session to a fresh local[2] server (:func:`connect_server`), active
+    while the block runs; afterwards the server is stopped and the process's Connect-mode
+    mark removed, so the classic tests that follow see pyspark as it was (its functions
+    would otherwise build Connect columns)."""
+    with connect_server(workdir) as url:
+        session = client_session(url)
+        try:
+            yield session
+        finally:
+            session.stop()
+            os.environ.pop("SPARK_CONNECT_MODE_ENABLED", None)

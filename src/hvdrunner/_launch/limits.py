@@ -11,7 +11,6 @@ Example:
 from __future__ import annotations
 
 from dataclasses import dataclass, fields
-from typing import Any
 
 from hvdrunner._checks import is_int, is_number
 
@@ -54,11 +53,6 @@ class JobLimits:
     def deadline(self, now: float) -> float | None:
         """When ``timeout`` runs out for a job started at ``now`` (``time.monotonic()``)."""
         return None if self.timeout is None else now + self.timeout
-
-    def replace(self, **changes: Any) -> JobLimits:
-        """A copy with ``changes``, validated again."""
-        values = {f.name: getattr(self, f.name) for f in fields(self)}
-        return JobLimits(**{**values, **changes})
 
 
 #: The defaults, for signatures that repeat the fields (HorovodRunner's).
