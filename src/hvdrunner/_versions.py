@@ -33,7 +33,9 @@ ENGINES = {"hvdrunner": "hvdrunner.engine", "horovod": "horovod.torch"}
 #: hvdrunner.engine is hvdrunner.hvd_torch's).
 HOROVOD_FRAMEWORKS = ("hvdrunner.engine", "horovod.torch", "horovod.tensorflow")
 #: Packages a stalled rank counts as "inside a library" in (the stall's report).
-LIBRARY_PACKAGES = ("tensorflow", "keras", "tf_keras", "torch", "horovod")
+#: Where a rank's main thread counts as inside a library for the stall watchdog: the
+#: frameworks, Horovod, and hvdrunner's own Horovod engine (a rank blocked in hvd.allreduce).
+LIBRARY_PACKAGES = ("tensorflow", "keras", "tf_keras", "torch", "horovod", "hvdrunner/engine")
 
 
 def version(dist: str) -> str | None:

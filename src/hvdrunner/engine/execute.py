@@ -8,7 +8,8 @@ part in allreduces with zeros of the agreed shapes.
 
 Horovod's arithmetic, kept so that results match it bit for bit: ``Average`` is a sum times
 ``postscale / size``; scale factors multiply in the tensor's type (float16 on the CPU through
-float32; integers through float64, truncated).
+float32; integers through float64, truncated), before and after any reduction (Min, Max and
+Product too, as Horovod scales its fusion buffer whatever the op).
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ from hvdrunner.engine.requests import (
     BROADCAST,
     MAX,
     MIN,
+    PROCESS_SET,
     PRODUCT,
     REDUCESCATTER,
     SUM,
@@ -131,24 +133,30 @@ class Executor:
         op, pre, post = sig[4], sig[5], sig[6]
         pieces = [_inputs(r) for r in readies]
         flat = [scale(t, pre).reshape(-1) for ts in pieces for t in ts]
-        buf = wire(flat[0].clone() if len(flat) == 1 else torch.cat(flat))
-        if len(ranks) > 1:
-            dist.all_reduce(buf, op=_REDUCE[op], group=group)
-        buf = buf.to(flat[0].dtype)
+        # One buffer per dtype (a grouped request may hold several): each type is reduced in
+        # its own type, never cast to another.
+        by_type: dict[torch.dtype, list[int]] = {}
+        for i, t in enumerate(flat):
+            by_type.setdefault(t.dtype, []).append(i)
+        reduced: list[torch.Tensor] = [flat[0]] * len(flat)
+        for dtype, members in by_type.items():
+            parts = [flat[i] for i in members]
+            buf = wire(parts[0].clone() if len(parts) == 1 else torch.cat(parts))
+            if len(ranks) > 1:
+                dist.all_reduce(buf, op=_REDUCE[op], group=group)
+            buf, offset = buf.to(dtype), 0
+            for i in members:
+                reduced[i] = buf[offset : offset + flat[i].numel()]
+                offset += flat[i].numel()
         factor = post / len(ranks) if op == AVERAGE else post
-        offset = 0
-        for ready, tensors in zip(readies, pieces, strict=False):
-            outs = []
-            for t in tensors:
-                part = buf[offset : offset + t.numel()].view(t.shape)
-                offset += t.numel()
-                outs.append(scale(part, factor))
-            _deliver(ready, outs)
+        done = iter(reduced)
+        for ready, tensors in zip(readies, pieces, strict=True):
+            _deliver(ready, [scale(next(done).view(t.shape), factor) for t in tensors])
 
     # -- the others -----------------------------------------------------------------------
     def _single(self, ready: Ready) -> None:
         kind = ready.entry.kind
-        if kind == BARRIER:
+        if kind in (BARRIER, PROCESS_SET):  # agreement is all they need
             _deliver(ready, None)
             return
         group, ranks = self._group_of(ready.entry.ps_id)
@@ -233,14 +241,20 @@ def _any(ready: Ready) -> int:
     return next(iter(ready.entry.signatures))
 
 
+def dtypes(sig: tuple[Any, ...]) -> list[torch.dtype]:
+    """Each tensor's dtype in a signature (one name for all, or one per tensor)."""
+    names = sig[1] if isinstance(sig[1], tuple) else (sig[1],) * len(sig[3])
+    return [getattr(torch, name) for name in names]
+
+
 def _inputs(ready: Ready) -> list[torch.Tensor]:
     """This rank's tensors, or zeros of the agreed shapes on a rank that joined."""
     if ready.mine is not None:
         return [t.detach() for t in ready.mine.tensors]
     sig = ready.entry.signatures[_any(ready)]
-    dtype = getattr(torch, sig[1])
     device = torch.device(sig[2], torch.cuda.current_device()) if sig[2] == "cuda" else "cpu"
-    return [torch.zeros(shape, dtype=dtype, device=device) for shape in sig[3]]
+    return [torch.zeros(shape, dtype=dtype, device=device)
+            for shape, dtype in zip(sig[3], dtypes(sig), strict=True)]  # fmt: skip
 
 
 def _fusion_key(ready: Ready) -> tuple[Any, ...]:
@@ -250,8 +264,8 @@ def _fusion_key(ready: Ready) -> tuple[Any, ...]:
 
 def _nbytes(ready: Ready) -> int:
     sig = ready.entry.signatures[_any(ready)]
-    item = torch.empty((), dtype=getattr(torch, sig[1])).element_size()
-    return sum(int(torch.Size(s).numel()) for s in sig[3]) * item
+    return sum(int(torch.Size(s).numel()) * torch.empty((), dtype=d).element_size()
+               for s, d in zip(sig[3], dtypes(sig), strict=True))  # fmt: skip
 
 
 def _deliver(ready: Ready, outs: list[torch.Tensor] | None) -> None:

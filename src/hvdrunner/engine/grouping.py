@@ -3,6 +3,8 @@
 Example:
     >>> [len(b) for b in buckets(list(torch.nn.Linear(4, 2).parameters()))]
     [2]
+    >>> [len(b) for b in buckets([torch.zeros(2), torch.zeros(2, dtype=torch.float64)])]
+    [1, 1]
 """
 
 from __future__ import annotations
@@ -19,16 +21,21 @@ BUCKET_BYTES = 25 * 2**20
 
 def buckets(params: list[torch.Tensor], cap: int = BUCKET_BYTES) -> list[tuple[torch.Tensor, ...]]:
     """``params`` (in definition order) as groups of at most ``cap`` bytes, last ones first
-    (roughly the order backward finishes them)."""
-    out: list[list[torch.Tensor]] = [[]]
-    size = 0
+    (roughly the order backward finishes them). A bucket holds one dtype on one device, as
+    DDP's do: a model with float32 and float64 (or float16) parameters gets a bucket per type,
+    each reduced in its own type."""
+    out: list[list[torch.Tensor]] = []
+    open_: dict[tuple[torch.dtype, torch.device], tuple[list[torch.Tensor], list[int]]] = {}
     for p in reversed(params):
+        key = (p.dtype, p.device)
         nbytes = p.numel() * p.element_size()
-        if out[-1] and size + nbytes > cap:
-            out.append([])
-            size = 0
-        out[-1].append(p)
-        size += nbytes
+        found = open_.get(key)
+        if found is None or (found[0] and found[1][0] + nbytes > cap):
+            found = ([], [0])
+            open_[key] = found
+            out.append(found[0])
+        found[0].append(p)
+        found[1][0] += nbytes
     return [tuple(b) for b in out if b]
 
 

@@ -103,6 +103,35 @@ def layout_of(groups: Sequence[Sequence[torch.Tensor]], compression: Any, op: in
     return Layout(tuple(shapes), dtype, device, op, pre, post)
 
 
+Sources = tuple[tuple[tuple[str, torch.Size, torch.dtype], ...], ...]
+
+
+def sources(groups: Sequence[Sequence[torch.Tensor]], names: dict[torch.Tensor, str]) -> Sources:
+    """What the buckets are made from, per bucket and parameter: its name, shape and dtype."""
+    return tuple(tuple((names[p], p.shape, p.dtype) for p in g) for g in groups)
+
+
+def changed(agreed: Sources, now: Sources) -> str | None:
+    """The first parameter whose shape or dtype is not what the ranks agreed on (``None``
+    when all are)."""
+    for before, after in zip((p for g in agreed for p in g), (p for g in now for p in g),
+                             strict=True):  # fmt: skip
+        if before != after:
+            return (
+                f"parameter {before[0]!r} is now {tuple(after[1])} {after[2]}, but the ranks "
+                f"agreed on {tuple(before[1])} {before[2]} at the first step"
+            )
+    return None
+
+
+CHANGED = (
+    "a rank's parameters changed shape or dtype after the ranks agreed on the gradient "
+    "lane's buckets (the first step of the optimizer): {what}. Every rank raises; build the "
+    "DistributedOptimizer again after changing the model (on every rank), or set "
+    "HVDRUNNER_GRADIENT_LANE=0."
+)
+
+
 class Lane:
     """The lane of one ``init()``: its process group, its owner and whether it is on."""
 
@@ -113,6 +142,12 @@ class Lane:
         self.layout: Layout | None = None
         self.broken: str | None = None
         self.steps = 0  # steps of the owner's on the lane, served ones included (join())
+        self._made_of: Sources = ()
+
+    def release(self) -> None:
+        """At ``shutdown()``: drop the process group (the owner may outlive the engine)."""
+        self.group = None
+        self.broken = "Horovod has been shut down; call hvd.init() first."
 
     def claim(self, owner: object) -> bool:
         """Whether ``owner`` may use the lane (the first to ask owns it)."""
@@ -120,16 +155,22 @@ class Lane:
             self.owner = owner
         return self.owner is owner
 
-    def accept(self, layout: Layout) -> None:
-        """Every rank agreed on ``layout``: the owner's next steps take the lane."""
-        self.layout = layout
+    def accept(self, layout: Layout, made_of: Sources) -> None:
+        """Every rank agreed on ``layout``, built from ``made_of``: the owner's next steps
+        take the lane."""
+        self.layout, self._made_of = layout, made_of
 
-    def start(self) -> Step:
-        """A step of the owner's buckets (its gradients posted as they are ready)."""
+    def start(self, made_of: Sources) -> Step:
+        """A step of the owner's buckets (its gradients posted as they are ready), built
+        from ``made_of`` now. When that differs from what the ranks agreed on, the step
+        still sends buffers of the agreed sizes (zeros: a buffer of another size would abort
+        gloo on every rank), with a header every rank reads as a mismatch, and this rank
+        names the parameter."""
         if self.broken is not None:
             raise RuntimeError(self.broken)
         assert self.layout is not None
-        return Step(self, self.layout, stepping=True)
+        what = changed(self._made_of, made_of)
+        return Step(self, self.layout, stepping=True, changed=what)
 
     def serve_joined(self) -> None:
         """``hvd.join()`` on this rank: serve the others' steps with zeros until every rank
@@ -190,9 +231,13 @@ class Lane:
 class Step:
     """One step's buckets on the lane: posted in bucket order, waited for in order."""
 
-    def __init__(self, lane: Lane, layout: Layout, stepping: bool) -> None:
+    def __init__(self, lane: Lane, layout: Layout, stepping: bool,
+                 changed: str | None = None) -> None:  # fmt: skip
         self._lane, self._layout = lane, layout
-        self._header = (1.0, float(layout.fingerprint())) if stepping else (0.0, 0.0)
+        self._changed = changed
+        # A changed rank sends fingerprint 0: the sum then differs from stepped * fingerprint.
+        fp = 0.0 if changed else float(layout.fingerprint())
+        self._header = (1.0, fp) if stepping else (0.0, 0.0)
         self._ready: dict[int, list[torch.Tensor]] = {}
         self._posted: list[tuple[Any, torch.Tensor]] = []
         self.stepped = -1  # ranks that stepped, known once bucket 0 is back
@@ -212,6 +257,11 @@ class Step:
     def post(self, index: int, tensors: Sequence[torch.Tensor]) -> None:
         assert index == self.next_index, (index, self.next_index)
         layout = self._layout
+        shapes = tuple(t.shape for t in tensors)
+        if self._changed is None and shapes != layout.shapes[index]:  # after the header went
+            self._changed = f"bucket {index} holds {[tuple(s) for s in shapes]}"
+        if self._changed is not None:
+            tensors = layout.zeros(index)  # the agreed sizes: the peers' buffers match
         flat = [t.detach().reshape(-1) for t in tensors]
         grads = sum(t.numel() for t in flat)
         if index == 0:
@@ -238,12 +288,11 @@ class Step:
     def _check_header(self, buf: torch.Tensor) -> None:
         stepped, fingerprints = (round(float(v)) for v in buf[-2:])
         fp = self._layout.fingerprint()
+        if self._changed is not None:
+            self._lane.broken = CHANGED.format(what=f"on this rank, {self._changed}")
+            raise RuntimeError(self._lane.broken)
         if fingerprints != stepped * fp:
-            self._lane.broken = (
-                "ranks' optimizers sent different gradient buckets on the gradient lane "
-                "(different models, parameters, dtypes or options on different ranks); "
-                "every rank must wrap the same model the same way"
-            )
+            self._lane.broken = CHANGED.format(what="on another rank (it names the parameter)")
             raise RuntimeError(self._lane.broken)
         self.stepped = stepped
 

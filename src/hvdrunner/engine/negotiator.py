@@ -47,8 +47,9 @@ IDLE_MAX_S = 0.01
 #: How long shutdown() waits for the last round with the other ranks.
 SHUTDOWN_WAIT_S = 30.0
 #: How long every rank of a set may wait on requests that cannot be matched before all of
-#: them are told so (a deadlock: e.g. ranks made different numbers of unnamed collectives).
-DEADLOCK_S = float(os.environ.get("HVDRUNNER_DEADLOCK_S", "10"))
+#: them are told so (a deadlock: e.g. ranks made different numbers of unnamed collectives);
+#: read at init(), as every engine setting.
+DEADLOCK_ENV, DEADLOCK_S = "HVDRUNNER_DEADLOCK_S", 10.0
 #: A round's message fits this many bytes in the common case: one collective per round.
 SLOT_BYTES = 4096
 #: torch >= 2.10 names it all_gather_single (the old name warns); older torch has only that.
@@ -110,6 +111,7 @@ class Negotiator:
         self._declare = False
         self._stuck_since: float | None = None
         self._cycle_s = float(os.environ.get(CYCLE_ENV, CYCLE_MS)) / 1000.0
+        self._deadlock_s = float(os.environ.get(DEADLOCK_ENV, DEADLOCK_S))
         self._idle_s = self._cycle_s
         self._thread = threading.Thread(target=self._loop, name="hvdrunner-engine", daemon=True)
         self._thread.start()
@@ -153,6 +155,12 @@ class Negotiator:
 
     def alive(self) -> bool:
         return self._thread.is_alive()
+
+    def release(self) -> None:
+        """After ``close()``: drop the process groups (a thread still running keeps them)."""
+        if not self.alive():
+            self.control = None  # type: ignore[assignment]
+            self._execute = _closed
 
     def _raise_if_broken(self) -> None:
         if self.broken is not None:
@@ -262,7 +270,7 @@ class Negotiator:
     def _watch_for_deadlock(self, gathered: list[Any], progressed: bool) -> None:
         """Every rank of the set blocked on a request that another rank never made: nothing
         can change, so say so on every rank instead of hanging (Horovod stalls there). The
-        set's first rank declares it after ``DEADLOCK_S``; all act in the round it does."""
+        set's first rank declares it after ``HVDRUNNER_DEADLOCK_S``; all act in the round it does."""
         stuck = (not progressed and bool(self._table)
                  and all(flags[2] for flags, _ in gathered))  # fmt: skip
         if any(flags[3] for flags, _ in gathered):
@@ -272,7 +280,7 @@ class Negotiator:
             self._stuck_since = None
         elif self._stuck_since is None:
             self._stuck_since = time.monotonic()
-        elif self.rank == self.ranks[0] and time.monotonic() - self._stuck_since > DEADLOCK_S:
+        elif self.rank == self.ranks[0] and time.monotonic() - self._stuck_since > self._deadlock_s:
             self._declare = True
 
     def _break_deadlock(self) -> None:
@@ -366,6 +374,10 @@ class Negotiator:
             request.handle.fail(error)
         if join is not None:
             join.fail(error)
+
+
+def _closed(batch: list[Ready], joined: frozenset[int]) -> None:
+    raise HorovodInternalError("Horovod has been shut down on this rank")
 
 
 def _verdict(entry: Entry, active: list[int], joined: frozenset[int],

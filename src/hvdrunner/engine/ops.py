@@ -62,10 +62,12 @@ _handle_ids = itertools.count(1)
 _handles_lock = threading.Lock()
 
 
-def _check_tensor(t: Any, what: str = "tensor") -> torch.Tensor:
+def _check_tensor(t: Any, what: str = "tensor", reduced: bool = False) -> torch.Tensor:
+    """Horovod's checks of a tensor; ``reduced``: it is summed (allreduce, reducescatter),
+    which Horovod refuses for bool (an average of bools has no bool answer)."""
     if not isinstance(t, torch.Tensor):
         raise ValueError(f"{what} must be a torch.Tensor, got {type(t).__name__}")
-    if t.dtype not in _SUPPORTED:
+    if t.dtype not in _SUPPORTED or (reduced and t.dtype == torch.bool):
         raise ValueError(f"Tensor type {t.type()} is not supported.")
     if not t.is_contiguous():
         raise ValueError("Tensor is required to be contiguous.")
@@ -100,12 +102,16 @@ def _name(kind: str, name: str | None) -> str:
 
 def _signature(kind: str, tensors: Sequence[torch.Tensor], op: int = -1, pre: float = 1.0,
                post: float = 1.0, root: int = -1, full: bool = True) -> tuple[Any, ...]:  # fmt: skip
-    dtypes = {describe(t)[0] for t in tensors}
+    """What every rank must send alike. The data type is one name, or one per tensor for a
+    grouped allreduce of several types (Horovod runs it; each type is reduced in its own
+    buffer, engine.execute)."""
+    dtypes = tuple(describe(t)[0] for t in tensors)
     devices = {describe(t)[1] for t in tensors}
-    if len(dtypes) > 1 or len(devices) > 1:
+    if len(devices) > 1 or (len(set(dtypes)) > 1 and kind != ALLREDUCE):
         raise ValueError(f"grouped {kind}: every tensor must have one dtype and one device")
+    dtype: Any = dtypes[0] if len(set(dtypes)) == 1 else dtypes
     shapes = tuple(tuple(t.shape) if full else tuple(t.shape[1:]) for t in tensors)
-    return (kind, dtypes.pop() if dtypes else "", devices.pop() if devices else "", shapes,
+    return (kind, dtype if dtypes else "", devices.pop() if devices else "", shapes,
             op, scale_key(pre), scale_key(post), root, len(tensors))  # fmt: skip
 
 
@@ -114,12 +120,10 @@ def grouped_allreduce_async_impl(tensors: Sequence[torch.Tensor], outputs: list[
                                  name: str | None, op: int, prescale_factor: float,
                                  postscale_factor: float, process_set: ProcessSet) -> int:  # fmt: skip
     """Allreduce ``tensors`` as one request (in place into ``outputs`` when given)."""
-    tensors = [_check_tensor(t) for t in tensors]
+    tensors = [_check_tensor(t, reduced=True) for t in tensors]
     if not tensors:
         raise ValueError("grouped allreduce needs at least one tensor")
     ps_id, _ = state.resolve(process_set)
-    if op in (MIN, MAX, PRODUCT) and (prescale_factor != 1.0 or postscale_factor != 1.0):
-        raise ValueError("prescale_factor/postscale_factor apply to Sum and Average only")
     sig = _signature(ALLREDUCE, tensors, op, prescale_factor, postscale_factor)
     request = Request(_name(ALLREDUCE, name), ALLREDUCE, ps_id, sig, (), list(tensors), outputs)
     return _launch(request, lambda outs: outs)
@@ -278,7 +282,7 @@ def grouped_reducescatter_async(tensors: Sequence[torch.Tensor], name: str | Non
                                 op: int = AVERAGE, process_set: ProcessSet = global_process_set,
                                 prescale_factor: float = 1.0,
                                 postscale_factor: float = 1.0) -> int:  # fmt: skip
-    tensors = [_check_tensor(t) for t in tensors]
+    tensors = [_check_tensor(t, reduced=True) for t in tensors]
     if op not in (AVERAGE, SUM):
         raise RuntimeError(
             f"reducescatter takes op=hvd.Average or hvd.Sum, not {OP_NAMES.get(op, op)}"

@@ -33,12 +33,17 @@ import torch
 from hvdrunner.engine import ops, state
 from hvdrunner.engine.compression import Compression, Compressor
 from hvdrunner.engine.grouping import AUTO, buckets, check_groups, parameter_names
-from hvdrunner.engine.lane import Lane, Step, layout_of
+from hvdrunner.engine.lane import Lane, Step, layout_of, sources
 from hvdrunner.engine.ops import ADASUM, ADASUM_REFUSED, AVERAGE, SUM, synchronize
 from hvdrunner.engine.process_sets import ProcessSet, global_process_set
 
 #: The negotiated allreduce by which the ranks' optimizers agree to take the gradient lane.
 LANE_OFFER = "hvdrunner.gradient_lane"
+EXTRA_PASS = (
+    "Gradients were computed more than backward_passes_per_step times before call to step() "
+    "(parameter {name!r}, backward_passes_per_step={passes}). Increase "
+    "backward_passes_per_step to accumulate gradients locally."
+)
 SPARSE_ON_LANE = (
     "a sparse gradient appeared after the ranks' optimizers agreed on dense buckets for the "
     "gradient lane; pass sparse_as_dense=True or set HVDRUNNER_GRADIENT_LANE=0"
@@ -122,12 +127,12 @@ class _Distributed(torch.optim.Optimizer):
 
     def _make_hook(self, p: torch.Tensor) -> Any:
         def hook(*_: Any) -> None:
-            if p in self._handles and self._handles[p][0] is not None and self._delay[p] <= 0:
-                raise AssertionError(
-                    "Gradients were computed more than backward_passes_per_step times before "
-                    "call to step(). Increase backward_passes_per_step to accumulate gradients "
-                    "locally."
-                )
+            # Every parameter, bucketed or alone: a pass beyond backward_passes_per_step
+            # would change a gradient after its allreduce was sent (the ranks' weights then
+            # drift apart in silence). Horovod raises here; so do we.
+            if self._delay[p] <= 0:
+                raise AssertionError(EXTRA_PASS.format(passes=self.backward_passes_per_step,
+                                                       name=self._parameter_names[p]))  # fmt: skip
             self._delay[p] -= 1
             handle, ctx = None, None
             if self._delay[p] == 0:
@@ -197,7 +202,8 @@ class _Distributed(torch.optim.Optimizer):
     def _lane_post(self, group: tuple[torch.Tensor, ...]) -> None:
         assert self._lane is not None
         if self._lane_step is None:
-            self._lane_step = self._lane.start()
+            groups = list(self._group_counts)
+            self._lane_step = self._lane.start(sources(groups, self._parameter_names))
         sent, ctxs = [], []
         for p in group:
             if p.grad is None or p.grad.is_sparse:
@@ -245,7 +251,7 @@ class _Distributed(torch.optim.Optimizer):
             return
         self._lane_offer = False
         if layout is not None and fingerprints == ranks * fp:
-            lane.accept(layout)
+            lane.accept(layout, sources(list(self._group_counts), self._parameter_names))
             self._lane = lane
 
     def synchronize(self) -> None:

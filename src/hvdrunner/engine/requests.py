@@ -23,6 +23,8 @@ import torch
 
 ALLREDUCE, ALLGATHER, BROADCAST = "allreduce", "allgather", "broadcast"
 ALLTOALL, REDUCESCATTER, BARRIER = "alltoall", "reducescatter", "barrier"
+#: Registering a process set: every rank must ask for the same ranks, in the same order.
+PROCESS_SET = "add_process_set"
 
 #: Horovod's reduction ops, by the values ``horovod.torch`` gives them.
 AVERAGE, SUM, ADASUM, MIN, MAX, PRODUCT = 0, 1, 2, 3, 4, 5

@@ -1,8 +1,9 @@
 """Horovod's ``SyncBatchNorm``: batch normalisation whose statistics cover every rank's batch.
 
-In training, each rank's sums over its batch (and the number of its elements) are summed over
-the ranks, so every rank normalises with the global mean and variance; backward sums the two
-gradient terms the same way. The weight and bias gradients stay each rank's own (the
+In training, each rank's mean and variance over its batch, with the number of its elements,
+are gathered from every rank and combined (``global_stats``), so every rank normalises with
+the global mean and variance, in the input's precision (float32 for 16-bit inputs), stable at
+any mean; backward sums the two gradient terms over the ranks. The weight and bias gradients stay each rank's own (the
 ``DistributedOptimizer`` averages them), as in Horovod and torch.
 
 Example:
@@ -34,19 +35,37 @@ def _shape(x: torch.Tensor) -> list[int]:
     return [1, -1] + [1] * (x.dim() - 2)
 
 
+def _acc_type(x: torch.Tensor) -> torch.dtype:
+    """The type statistics are computed in: the input's, float32 for 16-bit inputs (as
+    torch's batch_norm accumulates)."""
+    return torch.float64 if x.dtype == torch.float64 else torch.float32
+
+
+def global_stats(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, float]:
+    """Mean and (biased) variance per channel over every rank's batch, and the number of
+    elements per channel. Each rank's mean and variance are taken about its own mean, then
+    combined with the ranks' counts (Chan's parallel formula): no ``E[x^2] - E[x]^2``, whose
+    cancellation loses every digit at a large mean. Ranks may hold batches of different sizes.
+    """
+    dims, acc = _dims(x), _acc_type(x)
+    xf = x.to(acc)
+    var, mean = torch.var_mean(xf, dims, correction=0)
+    count = torch.full((1,), x.numel() / x.shape[1], dtype=acc, device=x.device)
+    every = collectives.allgather(torch.cat([count, mean, var]).unsqueeze(0), name=None)
+    counts, means, variances = every[:, :1], every[:, 1 : 1 + x.shape[1]], every[:, 1 + x.shape[1] :]
+    n = counts.sum()
+    mean_all = (counts * means).sum(0) / n
+    var_all = (counts * (variances + (means - mean_all) ** 2)).sum(0) / n
+    return mean_all, var_all, float(n.item())
+
+
 class _SyncNorm(torch.autograd.Function):
     @staticmethod
     def forward(ctx: Any, x: torch.Tensor, weight: torch.Tensor | None, bias: torch.Tensor | None,
                 running_mean: torch.Tensor | None, running_var: torch.Tensor | None, eps: float,
                 momentum: float) -> torch.Tensor:  # fmt: skip
-        dims = _dims(x)
-        xf = x.float()
-        count = torch.tensor([x.numel() / x.shape[1]], dtype=torch.float32, device=x.device)
-        total, squares, counted = collectives.grouped_allreduce(
-            [xf.sum(dims), (xf * xf).sum(dims), count], op=SUM, name=None)  # fmt: skip
-        n = float(counted.item())
-        mean = total / n
-        var = squares / n - mean * mean
+        mean, var, n = global_stats(x)
+        xf = x.to(mean.dtype)
         invstd = torch.rsqrt(var + eps)
         if running_mean is not None and running_var is not None:
             with torch.no_grad():
@@ -58,19 +77,19 @@ class _SyncNorm(torch.autograd.Function):
         ctx.n = n
         out = xhat
         if weight is not None:
-            out = out * weight.float().view(_shape(x))
+            out = out * weight.to(xf.dtype).view(_shape(x))
         if bias is not None:
-            out = out + bias.float().view(_shape(x))
+            out = out + bias.to(xf.dtype).view(_shape(x))
         return out.to(x.dtype)
 
     @staticmethod
     def backward(ctx: Any, dy: torch.Tensor) -> Any:
         xhat, invstd, weight = ctx.saved_tensors
         dims, shape = _dims(dy), _shape(dy)
-        dyf = dy.float()
+        dyf = dy.to(xhat.dtype)
         local_dy, local_dy_xhat = dyf.sum(dims), (dyf * xhat).sum(dims)
         sum_dy, sum_dy_xhat = collectives.grouped_allreduce([local_dy, local_dy_xhat], op=SUM)
-        scale = invstd if weight is None else invstd * weight.float()
+        scale = invstd if weight is None else invstd * weight.to(xhat.dtype)
         dx = scale.view(shape) * (dyf - (sum_dy / ctx.n).view(shape)
                                   - xhat * (sum_dy_xhat / ctx.n).view(shape))  # fmt: skip
         grad_w = local_dy_xhat.to(weight.dtype) if weight is not None else None

@@ -25,6 +25,7 @@ from __future__ import annotations
 import datetime
 import os
 import socket
+import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 
@@ -38,8 +39,19 @@ ROUND_TIMEOUT = datetime.timedelta(days=7)
 #: A data collective starts only once every rank agreed on it, so it ends promptly or fails.
 DATA_TIMEOUT_ENV = "HVDRUNNER_COLLECTIVE_TIMEOUT_S"
 DATA_TIMEOUT_S = 1800.0
-#: How long a rank waits for the store at MASTER_ADDR:MASTER_PORT (rank 0 may start later).
-STORE_TIMEOUT = datetime.timedelta(seconds=300)
+#: How long ``init()`` waits for every rank to arrive (the store at MASTER_ADDR:MASTER_PORT
+#: included): Horovod's own setting and default for its gloo rendezvous. A peer that died or
+#: never started is named then, instead of a wait for the collective timeout.
+INIT_TIMEOUT_ENV, INIT_TIMEOUT_S = "HOROVOD_GLOO_TIMEOUT_SECONDS", 30.0
+NOT_ARRIVED = (
+    "hvd.init(): rank(s) {missing} of {size} did not arrive within {timeout:.0f} s (a peer "
+    "died, was never started, or runs another job's init). Every rank must call hvd.init(); "
+    "{env} sets how long to wait."
+)
+NO_STORE = (
+    "hvd.init(): rank 0's store at {addr}:{port} is unreachable ({error}): rank 0 died, was "
+    "never started, or MASTER_ADDR/MASTER_PORT name another process. {env} sets how long to wait."
+)
 
 NO_ADDRESS = (
     "hvd.init(): this process is rank {rank} of {size}, but MASTER_ADDR and MASTER_PORT are not "
@@ -49,15 +61,44 @@ NO_ADDRESS = (
 )
 
 
-def _first(env: Mapping[str, str], *names: str) -> int | None:
-    for name in names:
-        value = env.get(name)
-        if value not in (None, ""):
-            try:
-                return int(value)
-            except ValueError:
-                raise ValueError(f"hvd.init(): {name}={value!r} is not an integer") from None
-    return None
+#: Each place in the job as Horovod's environment and torch's standard one name it.
+PAIRS = (("HOROVOD_RANK", "RANK"), ("HOROVOD_SIZE", "WORLD_SIZE"),
+         ("HOROVOD_LOCAL_RANK", "LOCAL_RANK"), ("HOROVOD_LOCAL_SIZE", "LOCAL_WORLD_SIZE"),
+         ("HOROVOD_CROSS_RANK", "GROUP_RANK"))  # fmt: skip
+DISAGREE = (
+    "hvd.init(): the environment names two different jobs: {pairs}. HorovodRunner sets both "
+    "alike; torchrun, TorchDistributor and @distributed set only torch's, so Horovod's are "
+    "left over from another job or shell (unset them: {names}), or were set by hand."
+)
+
+
+def _int(env: Mapping[str, str], name: str) -> int | None:
+    value = env.get(name)
+    if value in (None, ""):
+        return None
+    try:
+        return int(value)
+    except ValueError:
+        raise ValueError(f"hvd.init(): {name}={value!r} is not an integer") from None
+
+
+def _agreed(env: Mapping[str, str]) -> dict[str, int | None]:
+    """Each place by Horovod's name, from whichever environment sets it. The rule: where both
+    set a place they must agree (a leftover ``HOROVOD_RANK`` under torchrun made two ranks
+    both rank 0, and both hung in init; a leftover ``HOROVOD_LOCAL_RANK`` pinned every rank
+    to one GPU), else the error names both."""
+    places: dict[str, int | None] = {}
+    clashes = []
+    for horovod, torch_name in PAIRS:
+        h, t = _int(env, horovod), _int(env, torch_name)
+        if h is not None and t is not None and h != t:
+            clashes.append((horovod, h, torch_name, t))
+        places[horovod] = h if h is not None else t
+    if clashes:
+        pairs = ", ".join(f"{a}={x} but {b}={y}" for a, x, b, y in clashes)
+        names = " ".join(a for a, *_ in clashes)
+        raise ValueError(DISAGREE.format(pairs=pairs, names=names))
+    return places
 
 
 @dataclass(frozen=True)
@@ -77,19 +118,17 @@ class World:
     def from_environment(cls, env: Mapping[str, str] | None = None) -> World:
         """Read Horovod's variables first, then torch's (see the module docstring)."""
         env = os.environ if env is None else env
-        rank = _first(env, "HOROVOD_RANK", "RANK")
-        size = _first(env, "HOROVOD_SIZE", "WORLD_SIZE")
+        places = _agreed(env)
+        rank, size = places["HOROVOD_RANK"], places["HOROVOD_SIZE"]
         if rank is None or size is None:
             rank, size = 0, 1
         if not 0 <= rank < size:
             raise ValueError(f"hvd.init(): rank {rank} is not in a world of {size} ranks")
-        local_rank = _first(env, "HOROVOD_LOCAL_RANK", "LOCAL_RANK")
-        local_size = _first(env, "HOROVOD_LOCAL_SIZE", "LOCAL_WORLD_SIZE")
-        cross_rank = _first(env, "HOROVOD_CROSS_RANK", "GROUP_RANK")
-        cross_size = _first(env, "HOROVOD_CROSS_SIZE")
+        local_rank, local_size = places["HOROVOD_LOCAL_RANK"], places["HOROVOD_LOCAL_SIZE"]
+        cross_rank, cross_size = places["HOROVOD_CROSS_RANK"], _int(env, "HOROVOD_CROSS_SIZE")
         if size == 1:
             local_rank, local_size, cross_rank, cross_size = 0, 1, 0, 1
-        port = _first(env, "MASTER_PORT")
+        port = _int(env, "MASTER_PORT")
         addr = env.get("MASTER_ADDR")
         master = (addr, port) if addr and port is not None else None
         if size > 1 and master is None:
@@ -134,22 +173,63 @@ class _Stores:
         self._key: tuple[str, int, int] | None = None
         self.generation = 0
 
-    def next(self, world: World) -> dist.Store:
-        """A fresh prefix of the store for this ``init()``, the same on every rank."""
+    def next(self, world: World, timeout: float) -> dist.Store:
+        """A fresh prefix of the store for this ``init()``, the same on every rank, once
+        every rank arrived there (within ``timeout`` seconds, else the error naming who)."""
         if world.size == 1:
             self.generation += 1
             return dist.HashStore()
         assert world.master is not None
         key = (world.master[0], world.master[1], world.size)
-        if self._store is None or self._key != key:
-            self._store = dist.TCPStore(
-                world.master[0], world.master[1], world.size, world.rank == 0,
-                timeout=STORE_TIMEOUT, wait_for_workers=False,
-            )  # fmt: skip
-            self._key = key
-            self.generation = 0
-        self.generation += 1
-        return dist.PrefixStore(f"hvdrunner/{self.generation}/", self._store)
+        try:
+            if self._store is None or self._key != key:
+                self._store = dist.TCPStore(
+                    world.master[0], world.master[1], world.size, world.rank == 0,
+                    timeout=datetime.timedelta(seconds=timeout), wait_for_workers=False,
+                )  # fmt: skip
+                self._key = key
+                self.generation = 0
+            self.generation += 1
+            store = dist.PrefixStore(f"hvdrunner/{self.generation}/", self._store)
+            _meet(store, world, timeout)
+        except _NotArrived as exc:  # the store stays: the next init() meets there again
+            raise RuntimeError(str(exc)) from None
+        except RuntimeError as exc:  # DistStoreError, DistNetworkError: the store is gone
+            self._store, self._key = None, None
+            raise RuntimeError(NO_STORE.format(addr=key[0], port=key[1], error=exc,
+                                               env=INIT_TIMEOUT_ENV)) from exc  # fmt: skip
+        return store
+
+
+class _NotArrived(RuntimeError):
+    pass
+
+
+def _meet(store: dist.Store, world: World, timeout: float) -> None:
+    """Wait until every rank has arrived at this ``init()``'s prefix of the store."""
+    store.set(f"arrived/{world.rank}", "1")
+    keys = [f"arrived/{r}" for r in range(world.size)]
+    deadline = time.monotonic() + timeout
+    pause = 0.002
+    while not store.check(keys):
+        if time.monotonic() > deadline:
+            missing = [r for r, k in enumerate(keys) if not store.check([k])]
+            raise _NotArrived(NOT_ARRIVED.format(missing=missing, size=world.size,
+                                                 timeout=timeout, env=INIT_TIMEOUT_ENV))  # fmt: skip
+        time.sleep(pause)
+        pause = min(2 * pause, 0.05)
+
+
+def init_timeout() -> float:
+    """``HOROVOD_GLOO_TIMEOUT_SECONDS`` (read at ``init()``), else Horovod's 30 s."""
+    raw = os.environ.get(INIT_TIMEOUT_ENV, "")
+    try:
+        seconds = float(raw) if raw else INIT_TIMEOUT_S
+    except ValueError:
+        raise ValueError(f"{INIT_TIMEOUT_ENV}={raw!r} is not a number of seconds") from None
+    if seconds <= 0:
+        raise ValueError(f"{INIT_TIMEOUT_ENV}={raw!r} must be a positive number of seconds")
+    return seconds
 
 
 STORES = _Stores()
@@ -188,7 +268,7 @@ def join_world(world: World, lane: bool = True) -> tuple[Groups, Topology]:
     groups (the gradient lane's when ``lane``), and every rank's host name for the topology."""
     owns = False
     if not dist.is_initialized():
-        store = STORES.next(world)
+        store = STORES.next(world, init_timeout())
         dist.init_process_group(
             data_backend(), store=store, rank=world.rank, world_size=world.size,
             timeout=data_timeout(),

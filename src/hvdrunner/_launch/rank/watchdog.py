@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import os
 import sys
+import sysconfig
 import threading
 import time
 from collections.abc import Callable
@@ -21,7 +22,9 @@ from typing import Any
 
 from hvdrunner._launch import protocol
 
-_OWN = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # src/hvdrunner
+_OWN = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # src/hvdrunner
+_STDLIB = sysconfig.get_paths()["stdlib"] + os.sep
+_SITE = (f"{os.sep}site-packages{os.sep}", f"{os.sep}dist-packages{os.sep}")
 #: A frame unchanged this long is reported (small: the driver applies stall_timeout).
 REPORT_AFTER_S = 5.0
 #: Where library code runs (a frame there is "inside the library"): folders named by the
@@ -46,14 +49,21 @@ def _is_library(frame: Any) -> bool:
     return any(p in frame.f_code.co_filename for p in _LIBRARY_PATHS)
 
 
+def _is_stdlib(frame: Any) -> bool:
+    name = frame.f_code.co_filename
+    return name.startswith(_STDLIB) and not any(d in name for d in _SITE)
+
+
 def in_library(frame: Any) -> bool:
     """The main thread waits inside library code (``library_dirs``: a framework's or
     Horovod's, a C call: an op, a step, a collective).
 
-    The innermost frame may be generated code (``<string>``: TF's op wrappers); the
-    innermost frame that has a real file decides.
+    The innermost frame may be generated code (``<string>``: TF's op wrappers) or the
+    standard library's (``threading``: a library waiting on an event, as hvdrunner's engine
+    does in ``hvd.allreduce``); the innermost frame that is neither decides.
     """
-    real = next((f for f in _stack(frame) if not f.f_code.co_filename.startswith("<")), None)
+    real = next((f for f in _stack(frame)
+                 if not f.f_code.co_filename.startswith("<") and not _is_stdlib(f)), None)  # fmt: skip
     return real is not None and _is_library(real)
 
 
