@@ -36,6 +36,7 @@ from hvdrunner.engine.requests import (
     PRODUCT,
     REDUCESCATTER,
     SUM,
+    inline,
 )  # fmt: skip
 from hvdrunner.errors import HorovodInternalError
 
@@ -79,6 +80,10 @@ class Executor:
             ready = batch[i]
             if ready.error is not None or self.rank not in ready.members:
                 self._skip(ready)
+                i += 1
+                continue
+            if ready.entry.kind == ALLREDUCE and inline(ready.entry.signatures[_any(ready)]):
+                self._guarded([ready], lambda rs: self._inline(rs[0]))
                 i += 1
                 continue
             if ready.entry.kind == ALLREDUCE:
@@ -152,6 +157,31 @@ class Executor:
         done = iter(reduced)
         for ready, tensors in zip(readies, pieces, strict=True):
             _deliver(ready, [scale(next(done).view(t.shape), factor) for t in tensors])
+
+    def _inline(self, ready: Ready) -> None:
+        """An allreduce whose every copy came with the round (requests.inline): reduced
+        here from each rank's bytes, in the set's rank order (so every rank computes the same
+        bits), with Horovod's scaling; a rank that joined counts as zeros."""
+        sig = ready.entry.signatures[_any(ready)]
+        op, pre, post = sig[4], sig[5], sig[6]
+        dtype = getattr(torch, sig[1])
+        total: torch.Tensor | None = None
+        for rank in ready.members:
+            got = ready.entry.locals.get(rank)
+            if got is None:  # joined: zeros, as on the wire
+                part = torch.zeros(sum(int(torch.Size(s).numel()) for s in sig[3]), dtype=dtype)
+            else:
+                part = torch.frombuffer(bytearray(got[0]), dtype=torch.uint8).view(dtype)
+            part = scale(part, pre)
+            total = part if total is None else _combine(total, part, op)
+        assert total is not None
+        factor = post / len(ready.members) if op == AVERAGE else post
+        outs, offset = [], 0
+        for shape in sig[3]:
+            n = int(torch.Size(shape).numel())
+            outs.append(scale(total[offset : offset + n].view(shape), factor).clone())
+            offset += n
+        _deliver(ready, outs)
 
     # -- the others -----------------------------------------------------------------------
     def _single(self, ready: Ready) -> None:
@@ -227,6 +257,17 @@ class Executor:
             start, stop = scatter_rows(t.shape[0], n, me)
             outs.append(scale(whole[start:stop].clone(), factor))
         return outs
+
+
+def _combine(a: torch.Tensor, b: torch.Tensor, op: int) -> torch.Tensor:
+    """One step of a reduction, in the tensors' own type (integers wrap as on the wire)."""
+    if op in (SUM, AVERAGE):
+        return a.logical_or(b) if a.dtype == torch.bool else a + b
+    if op == MIN:
+        return torch.minimum(a, b)
+    if op == MAX:
+        return torch.maximum(a, b)
+    return a * b  # PRODUCT
 
 
 def scatter_rows(rows: int, n: int, index: int) -> tuple[int, int]:

@@ -113,6 +113,8 @@ class Negotiator:
         self._cycle_s = float(os.environ.get(CYCLE_ENV, CYCLE_MS)) / 1000.0
         self._deadlock_s = float(os.environ.get(DEADLOCK_ENV, DEADLOCK_S))
         self._idle_s = self._cycle_s
+        self._elsewhere = False  # the table waits on another rank (set by each round)
+        self._turn = threading.Lock()  # held by whichever thread runs a round
         self._thread = threading.Thread(target=self._loop, name="hvdrunner-engine", daemon=True)
         self._thread.start()
 
@@ -168,26 +170,65 @@ class Negotiator:
         if self._shutdown:
             raise ValueError("Horovod has been shut down on this rank; call hvd.init() first.")
 
-    # -- the thread -----------------------------------------------------------------------
+    # -- rounds: on the caller's thread (drive) or the negotiator's -------------------------
+    def drive(self, handle: Handle) -> None:
+        """Until ``handle`` is done, run rounds on the calling thread whenever no other thread
+        runs one (``_turn``): a synchronous collective then costs its round and nothing else,
+        where handing it to the negotiator's thread and back cost two thread switches."""
+        idle = self._cycle_s
+        with self.waiting():
+            while not handle.done():
+                if not self._turn.acquire(blocking=False):
+                    handle.wait_done(idle)  # the thread runs a round: it may finish this
+                    continue
+                try:
+                    if handle.done() or self._finished():
+                        break
+                    progressed = self._round_or_fail()
+                finally:
+                    self._turn.release()
+                if self._elsewhere or self._finished():  # the thread's wait may have changed
+                    with self._lock:
+                        self._lock.notify_all()
+                idle = self._cycle_s if progressed else min(2 * idle, IDLE_MAX_S)
+                if not progressed:
+                    handle.wait_done(idle)
+
     def _loop(self) -> None:
         progressed = True
-        try:
-            while True:
-                self._wait_for_work(progressed)
-                progressed = self._one_round()
-                if self.broken is not None or (self._shutdown and self._saw_shutdown):
+        while not self._finished():
+            self._wait_for_work(progressed)
+            with self._turn:
+                if self._finished():
                     return
+                with self._lock:
+                    wanted = bool(self._new or self._shutdown or self._needed_elsewhere())
+                progressed = self._round_or_fail() if wanted else True
+
+    def _finished(self) -> bool:
+        return self.broken is not None or (self._shutdown and self._saw_shutdown)
+
+    def _round_or_fail(self) -> bool:
+        """One round (the caller holds ``_turn``); a transport error fails every pending
+        request and the engine."""
+        try:
+            return self._one_round()
         except BaseException as exc:  # noqa: BLE001 - every pending caller must hear it
             self._fail_all(HorovodInternalError(
                 f"a collective failed on rank {self.rank}: {type(exc).__name__}: {exc} (a peer "
                 f"rank probably died, left or shut down)"
             ))  # fmt: skip
+            with self._lock:
+                self._lock.notify_all()
+            return True
 
     def _needed_elsewhere(self) -> bool:
         """Whether a pending request waits on another rank (which must find this one in a
-        round), as opposed to waiting on this rank's own caller."""
-        if self._join_handle is not None or self._stalled:
-            return True
+        round), as opposed to waiting on this rank's own caller (``_elsewhere``: as the last
+        round left the table)."""
+        return self._join_handle is not None or bool(self._stalled) or self._elsewhere
+
+    def _table_waits_elsewhere(self) -> bool:
         active = [r for r in self.ranks if r not in self._joined]
         for entry in self._table.values():
             if self.rank not in entry.signatures and self.rank in active:
@@ -202,7 +243,8 @@ class Negotiator:
         with self._lock:
             if not progressed and not self._new and not self._shutdown:
                 self._lock.wait(self._idle_s)
-            while not (self._new or self._shutdown or self._needed_elsewhere()):
+            while not (self._new or self._shutdown or self._needed_elsewhere()
+                       or self._finished()):  # fmt: skip
                 self._lock.wait()
 
     def _encode(self, request: Request) -> tuple[Any, ...]:
@@ -260,6 +302,7 @@ class Negotiator:
         progressed |= self._run_ready()
         progressed |= self._complete_join()
         self._watch_for_deadlock(gathered, progressed)
+        self._elsewhere = self._table_waits_elsewhere()
         if leaving:
             self._saw_shutdown = True
             if not self._shutdown:
@@ -313,7 +356,8 @@ class Negotiator:
         with self._lock:
             self._waiting += 1
             self._stalled += lane
-            self._lock.notify_all()
+            if lane:  # only the lane's wait changes what the thread waits for
+                self._lock.notify_all()
         try:
             yield
         finally:

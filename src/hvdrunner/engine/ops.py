@@ -43,6 +43,8 @@ from hvdrunner.engine.requests import (
     Handle,
     Request,
     describe,
+    inline,
+    payload,
     scale_key,
 )  # fmt: skip
 from hvdrunner.errors import HorovodInternalError
@@ -125,7 +127,8 @@ def grouped_allreduce_async_impl(tensors: Sequence[torch.Tensor], outputs: list[
         raise ValueError("grouped allreduce needs at least one tensor")
     ps_id, _ = state.resolve(process_set)
     sig = _signature(ALLREDUCE, tensors, op, prescale_factor, postscale_factor)
-    request = Request(_name(ALLREDUCE, name), ALLREDUCE, ps_id, sig, (), list(tensors), outputs)
+    local = (payload(tensors),) if inline(sig) else ()
+    request = Request(_name(ALLREDUCE, name), ALLREDUCE, ps_id, sig, local, list(tensors), outputs)
     return _launch(request, lambda outs: outs)
 
 
@@ -360,8 +363,7 @@ def synchronize(handle: Any) -> Any:
         return None
     request, finalize = found
     try:
-        with state.waiting_on(request.ps_id):
-            result = request.handle.wait()
+        result = state.wait(request)
         return finalize(result)
     except HorovodInternalError:
         raise

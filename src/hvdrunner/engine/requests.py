@@ -53,6 +53,10 @@ class Handle:
     def done(self) -> bool:
         return self._event.is_set()
 
+    def wait_done(self, seconds: float) -> bool:
+        """Whether it is done within ``seconds``."""
+        return self._event.wait(seconds)
+
     def wait(self) -> Any:
         self._event.wait()
         if self._error is not None:
@@ -79,6 +83,27 @@ class Request:
 
     def announcement(self) -> tuple[str, str, int, tuple[Any, ...], tuple[Any, ...]]:
         return (self.name, self.kind, self.ps_id, self.signature, self.local)
+
+
+#: An allreduce of CPU tensors up to this many bytes travels inside the negotiation round
+#: that agrees on it: every rank reduces the gathered copies itself, in rank order, and no
+#: second collective runs (a round costs one small allgather; gloo's allreduce of 16 bytes
+#: or more costs twice that again here: docs/benchmarks.md).
+INLINE_BYTES = 256
+
+
+def inline(sig: tuple[Any, ...]) -> bool:
+    """Whether an allreduce of this signature travels in its round (the same answer on
+    every rank: it depends on what they agreed on alone)."""
+    if sig[0] != ALLREDUCE or sig[2] != "cpu" or isinstance(sig[1], tuple) or not sig[1]:
+        return False
+    item = torch.empty((), dtype=getattr(torch, sig[1])).element_size()
+    return sum(int(torch.Size(s).numel()) for s in sig[3]) * item <= INLINE_BYTES
+
+
+def payload(tensors: list[torch.Tensor]) -> bytes:
+    """The tensors' bytes, one after another (any dtype: viewed as bytes)."""
+    return b"".join(t.detach().reshape(-1).view(torch.uint8).numpy().tobytes() for t in tensors)
 
 
 def describe(t: torch.Tensor) -> tuple[str, str, tuple[int, ...]]:

@@ -179,14 +179,14 @@ def negotiator_of(ps_id: int = 0) -> negotiator.Negotiator:
     return found.negotiator
 
 
-def waiting_on(ps_id: int) -> contextlib.AbstractContextManager[None]:
-    """Marks the caller blocked on a request of that set (its negotiator's deadlock watch);
-    nothing when the set is gone."""
+def wait(request: Request) -> Any:
+    """``request``'s result: the caller runs its set's rounds meanwhile (the negotiator's
+    ``drive``, which also marks it blocked for the deadlock watch)."""
     engine = _engine
-    found = engine.sets.get(ps_id) if engine is not None else None
-    if found is None or found.negotiator is None:
-        return contextlib.nullcontext()
-    return found.negotiator.waiting()
+    found = engine.sets.get(request.ps_id) if engine is not None else None
+    if found is not None and found.negotiator is not None:
+        found.negotiator.drive(request.handle)
+    return request.handle.wait()
 
 
 def add_process_set(process_set: ProcessSet | Sequence[int]) -> ProcessSet:
@@ -216,8 +216,7 @@ def _agree_on_set(ps_id: int, ranks: tuple[int, ...]) -> None:
     of a hang in torch's group creation."""
     sig = (PROCESS_SET, "", "", (), -1, 1.0, 1.0, -1, f"ranks {list(ranks)}")
     request = submit(Request(f"hvdrunner.process_set.{ps_id}", PROCESS_SET, 0, sig))
-    with waiting_on(0):
-        request.handle.wait()
+    wait(request)
 
 
 def remove_process_set(process_set: ProcessSet) -> bool:
