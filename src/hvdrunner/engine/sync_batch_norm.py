@@ -3,7 +3,8 @@
 In training, each rank's mean and variance over its batch, with the number of its elements,
 are gathered from every rank and combined (``global_stats``), so every rank normalises with
 the global mean and variance, in the input's precision (float32 for 16-bit inputs), stable at
-any mean; backward sums the two gradient terms over the ranks. The weight and bias gradients stay each rank's own (the
+any mean (statistics accumulated as torch's own batch norm accumulates them); backward sums
+the two gradient terms over the ranks. The weight and bias gradients stay each rank's own (the
 ``DistributedOptimizer`` averages them), as in Horovod and torch.
 
 Example:
@@ -36,13 +37,21 @@ def _shape(x: torch.Tensor) -> list[int]:
 
 
 def _acc_type(x: torch.Tensor) -> torch.dtype:
-    """The type statistics are computed in: the input's, float32 for 16-bit inputs (as
-    torch's batch_norm accumulates)."""
+    """The type statistics are accumulated in: torch's own for batch norm (``acc_type``):
+    float64 on the CPU for float32 and float64 inputs, float32 on GPUs and for 16-bit ones."""
+    if x.dtype == torch.float64 or (x.dtype == torch.float32 and x.device.type == "cpu"):
+        return torch.float64
+    return torch.float32
+
+
+def _compute_type(x: torch.Tensor) -> torch.dtype:
+    """The type inputs are normalised in: the input's, float32 for 16-bit inputs."""
     return torch.float64 if x.dtype == torch.float64 else torch.float32
 
 
 def global_stats(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, float]:
-    """Mean and (biased) variance per channel over every rank's batch, and the number of
+    """Mean and (biased) variance per channel over every rank's batch (accumulated as torch's
+    batch norm does, returned in the type the input is normalised in), and the number of
     elements per channel. Each rank's mean and variance are taken about its own mean, then
     combined with the ranks' counts (Chan's parallel formula): no ``E[x^2] - E[x]^2``, whose
     cancellation loses every digit at a large mean. Ranks may hold batches of different sizes.
@@ -56,7 +65,8 @@ def global_stats(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, float]:
     n = counts.sum()
     mean_all = (counts * means).sum(0) / n
     var_all = (counts * (variances + (means - mean_all) ** 2)).sum(0) / n
-    return mean_all, var_all, float(n.item())
+    compute = _compute_type(x)
+    return mean_all.to(compute), var_all.to(compute), float(n.item())
 
 
 class _SyncNorm(torch.autograd.Function):

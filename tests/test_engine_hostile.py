@@ -1,0 +1,168 @@
+"""hvdrunner's Horovod engine (hvdrunner.hvd_torch) under hostile use (issue 61): every case
+ends as Horovod 0.28.1's does, or with a clear error on every rank within a bound, never a
+hang, a silent divergence or an abort. Real ranks over gloo under torchrun (horovod
+unimportable) and under Databricks' serverless launcher (databricks.air.sgc_run), and
+HorovodRunner's driver-process ranks. CPU only (no GPU here)."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from hvdrunner import HorovodRunner, HorovodRunnerError
+from hvdrunner.engine.world import World
+
+pytestmark = pytest.mark.torch
+
+HELPERS = Path(__file__).parent / "helpers"
+SRC = Path(__file__).resolve().parents[1] / "src"
+
+
+def _env(**extra: str) -> dict[str, str]:
+    """horovod unimportable, hvdrunner from the source tree, short bounds."""
+    env = dict(os.environ, HVDRUNNER_DEADLOCK_S="2", HOROVOD_GLOO_TIMEOUT_SECONDS="5", **extra)
+    env["PYTHONPATH"] = os.pathsep.join([str(HELPERS / "no_horovod"), str(SRC),
+                                         env.get("PYTHONPATH", "")])  # fmt: skip
+    return env
+
+
+def _launch(cmd: list[str], env: dict[str, str], timeout: float) -> subprocess.CompletedProcess[str]:
+    """Run a launcher; on a timeout its whole process group goes, then the test fails."""
+    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, start_new_session=True)  # fmt: skip
+    try:
+        out, err = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        out, err = proc.communicate()
+        pytest.fail(f"{cmd[:4]} did not end within {timeout} s:\n{out[-2000:]}\n{err[-2000:]}")
+    return subprocess.CompletedProcess(cmd, proc.returncode, out, err)
+
+
+def _torchrun(*args: str, env: dict[str, str] | None = None, timeout: float = 120):
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
+           *args]  # fmt: skip
+    return _launch(cmd, env or _env(), timeout)
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def test_the_hostile_battery(tmp_path):
+    """tests/helpers/hostile_battery.py: mixed dtypes, extra backward passes, SyncBatchNorm
+    at large means and in float64, bool and scaled reductions, small allreduces inside the
+    round, process sets registered differently, a parameter resized on the gradient lane,
+    settings read at init(), init() after the peer left."""
+    proc = _torchrun(str(HELPERS / "hostile_battery.py"), str(tmp_path), timeout=240)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    for rank in (0, 1):
+        results = json.loads((tmp_path / f"rank{rank}.json").read_text())
+        failed = {name: why for name, why in results.items() if why != "ok"}
+        assert len(results) == 14 and not failed, f"rank {rank}: {failed}"
+
+
+@pytest.mark.parametrize(("env", "words"), [
+    ({"HOROVOD_RANK": "0", "HOROVOD_SIZE": "2", "RANK": "1", "WORLD_SIZE": "2"},
+     ["HOROVOD_RANK=0 but RANK=1", "unset them: HOROVOD_RANK"]),
+    ({"HOROVOD_LOCAL_RANK": "1", "RANK": "0", "WORLD_SIZE": "2", "LOCAL_RANK": "0"},
+     ["HOROVOD_LOCAL_RANK=1 but LOCAL_RANK=0"]),
+    ({"HOROVOD_SIZE": "4", "HOROVOD_RANK": "1", "RANK": "1", "WORLD_SIZE": "2"},
+     ["HOROVOD_SIZE=4 but WORLD_SIZE=2"]),
+], ids=["leftover-rank", "leftover-local-rank", "other-size"])  # fmt: skip
+def test_horovods_and_torchs_environments_must_agree(env, words):
+    """One rule: where both name a place they must agree (a leftover HOROVOD_RANK hung
+    both ranks in init(); a leftover HOROVOD_LOCAL_RANK won over LOCAL_RANK in silence)."""
+    env = dict(env, MASTER_ADDR="127.0.0.1", MASTER_PORT="1")
+    with pytest.raises(ValueError) as info:
+        World.from_environment(env)
+    assert all(w in str(info.value) for w in words), info.value
+
+
+def test_either_environment_alone_or_both_alike_is_the_job():
+    both = {"HOROVOD_RANK": "1", "HOROVOD_SIZE": "2", "RANK": "1", "WORLD_SIZE": "2",
+            "LOCAL_RANK": "1", "MASTER_ADDR": "h", "MASTER_PORT": "1"}  # fmt: skip
+    torch_only = {k: v for k, v in both.items() if not k.startswith("HOROVOD_")}
+    horovod_only = {k: v for k, v in both.items() if k not in ("RANK", "WORLD_SIZE")}
+    for env in (both, torch_only, horovod_only):
+        world = World.from_environment(env)
+        assert (world.rank, world.size, world.local_rank) == (1, 2, 1), env
+
+
+def test_leftover_horovod_variables_under_torchrun_fail_fast(tmp_path):
+    """A shell that kept HOROVOD_RANK/HOROVOD_SIZE from another job, then torchrun: the rank
+    they contradict fails at once naming them, the other within init()'s bound (both hung)."""
+    script = tmp_path / "job.py"
+    script.write_text("import hvdrunner.hvd_torch as hvd\nhvd.init()\nhvd.allreduce(__import__"
+                      "('torch').ones(1))\n")  # fmt: skip
+    started = time.monotonic()
+    proc = _torchrun(str(script), env=_env(HOROVOD_RANK="0", HOROVOD_SIZE="2"), timeout=120)
+    assert proc.returncode != 0
+    assert "HOROVOD_RANK=0 but RANK=1" in proc.stderr, proc.stderr[-3000:]
+    assert time.monotonic() - started < 60
+
+
+#: How often a 2-rank job that ends without hvd.shutdown() is run under each launcher: the
+#: abort at exit hit 4-6 of 10 runs before the fix, so 6 clean runs would have missed it
+#: with odds of about 0.6**6 (5 %) per launcher, 0.2 % for both.
+CLEAN_EXIT_RUNS = 6
+
+
+@pytest.mark.parametrize("launcher", ["torchrun", "databricks.air.sgc_run"])
+def test_a_job_that_ends_without_shutdown_exits_cleanly_every_time(tmp_path, launcher):
+    """Horovod shuts down at exit on its own; so does the engine, and no gloo worker is left
+    to abort the interpreter ("terminate called without an active exception", SIGABRT after
+    the result was written: the launcher then reports a crashed rank)."""
+    script = HELPERS / "no_shutdown_job.py"
+    failures = []
+    for run in range(CLEAN_EXIT_RUNS):
+        out = tmp_path / f"result{run}"
+        if launcher == "torchrun":
+            proc = _torchrun(str(script), str(out), timeout=120)
+        else:
+            cmd = [sys.executable, "-m", "databricks.air.sgc_run", "-n", "2", "--world_size", "2",
+                   "--master_addr", "127.0.0.1", "--master_port", str(_free_port()), str(script),
+                   str(out)]  # fmt: skip
+            proc = _launch(cmd, _env(), timeout=120)
+        assert out.read_text() == "trained", proc.stderr[-2000:]
+        if proc.returncode != 0 or "terminate called" in proc.stderr:
+            failures.append(f"run {run}: exit {proc.returncode}: {proc.stderr[-1500:]}")
+    assert not failures, "\n".join(failures)
+
+
+def rank1_sleeps_while_rank0_waits_in_the_engine() -> None:
+    import torch
+
+    import hvdrunner.hvd_torch as hvd
+
+    hvd.init()
+    hvd.allreduce(torch.ones(1), name="warmup")
+    if hvd.rank() == 1:
+        time.sleep(3600)  # stops participating, in its own code
+    hvd.allreduce(torch.ones(1), name="the_step_rank1_never_joins")
+
+
+@pytest.mark.timeout(180)
+def test_the_stall_watchdog_sees_a_rank_waiting_in_the_engine():
+    """A rank blocked in hvd.allreduce is inside a library for the stall watchdog (it waits
+    on a threading.Event in the engine, which the watchdog took for the user's own code: the
+    job ran on past 115 s), so stall_timeout names the rank that did not join."""
+    started = time.monotonic()
+    with pytest.raises(HorovodRunnerError) as info:
+        HorovodRunner(np=-2, stall_timeout=8).run(rank1_sleeps_while_rank0_waits_in_the_engine)
+    elapsed = time.monotonic() - started
+    message = str(info.value)
+    assert "Rank(s) [1] did not join the collective that rank(s) [0] waited in" in message
+    assert "rank1_sleeps_while_rank0_waits_in_the_engine" in message
+    assert "stall_timeout=8s" in message and info.value.rank == 1
+    assert elapsed < 8 + 30, elapsed
