@@ -34,7 +34,7 @@ def _env(**extra: str) -> dict[str, str]:
     return env
 
 
-def _launch(cmd: list[str], env: dict[str, str], timeout: float) -> subprocess.CompletedProcess[str]:
+def _launch(cmd: list[str], env: dict[str, str], timeout: float) -> subprocess.CompletedProcess:
     """Run a launcher; on a timeout its whole process group goes, then the test fails."""
     proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             text=True, start_new_session=True)  # fmt: skip

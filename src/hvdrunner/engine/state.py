@@ -11,7 +11,6 @@ Example:
 from __future__ import annotations
 
 import atexit
-import contextlib
 import itertools
 import os
 import threading

@@ -61,7 +61,8 @@ def global_stats(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, float]:
     var, mean = torch.var_mean(xf, dims, correction=0)
     count = torch.full((1,), x.numel() / x.shape[1], dtype=acc, device=x.device)
     every = collectives.allgather(torch.cat([count, mean, var]).unsqueeze(0), name=None)
-    counts, means, variances = every[:, :1], every[:, 1 : 1 + x.shape[1]], every[:, 1 + x.shape[1] :]
+    c = x.shape[1]
+    counts, means, variances = every[:, :1], every[:, 1 : 1 + c], every[:, 1 + c :]
     n = counts.sum()
     mean_all = (counts * means).sum(0) / n
     var_all = (counts * (variances + (means - mean_all) ** 2)).sum(0) / n
