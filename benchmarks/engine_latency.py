@@ -4,7 +4,8 @@ own ``all_reduce`` (and the compiled horovod where this stack has one), 2 ranks 
 One job of 2 ranks runs every contender in turn, round after round (contenders interleaved:
 the machine's noise falls on all alike); each figure is the median over rounds of the mean
 time of ``--calls`` back-to-back calls, in ms. Sizes: 4 bytes (one float), 64 bytes (16
-floats: a vector of metrics) and 1 KiB (past the engine's inline size, on the wire).
+floats: a vector of metrics), 1 KiB (the largest the engine carries inside its round) and
+4 KiB (on the wire).
 
     .venv-torch/bin/python benchmarks/engine_latency.py [--rounds 7 --calls 200]
 
@@ -28,7 +29,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).parent))
 from _bench import context, save, stack  # noqa: E402
 
-SIZES = {"4 B": 1, "64 B": 16, "1 KiB": 256}
+SIZES = {"4 B": 1, "64 B": 16, "1 KiB": 256, "4 KiB": 1024}
 
 
 def _contenders(hvd, engine: bool) -> dict[str, Callable[[object], object]]:

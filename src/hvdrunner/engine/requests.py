@@ -88,8 +88,9 @@ class Request:
 #: An allreduce of CPU tensors up to this many bytes travels inside the negotiation round
 #: that agrees on it: every rank reduces the gathered copies itself, in rank order, and no
 #: second collective runs (a round costs one small allgather; gloo's allreduce of 16 bytes
-#: or more costs twice that again here: docs/benchmarks.md).
-INLINE_BYTES = 256
+#: or more costs twice that again here: docs/benchmarks.md). A round's slot is 4 KiB
+#: whatever it carries (negotiator.SLOT_BYTES): three such payloads fit in one.
+INLINE_BYTES = 1024
 
 
 def inline(sig: tuple[Any, ...]) -> bool:
