@@ -80,6 +80,8 @@ ifeq ($(STACK),torch)
 	$(PY) benchmarks/bare_recipe_knobs.py --model mlp
 	$(PY) benchmarks/chaos.py              # needs root: faults on two hosts, max_restarts
 	$(PY) benchmarks/elastic_commit.py     # Horovod elastic commits kept across restarts
+	$(PY) benchmarks/engine_latency.py     # one small allreduce: the engine vs dist.all_reduce
+	$(PY) benchmarks/engine_launch.py      # a job's launch and hvd.init()'s share: HorovodRunner vs TorchDistributor
 else
 	$(PY) benchmarks/launch_overhead.py
 	$(PY) benchmarks/data_throughput.py
