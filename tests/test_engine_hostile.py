@@ -7,50 +7,29 @@ HorovodRunner's driver-process ranks. CPU only (no GPU here)."""
 from __future__ import annotations
 
 import json
-import os
-import signal
 import socket
-import subprocess
 import sys
 import time
 from pathlib import Path
 
 import pytest
 
+from helpers.engine_jobs import launch, torchrun, without_horovod_env
 from hvdrunner import HorovodRunner, HorovodRunnerError
 from hvdrunner.engine.world import World
 
 pytestmark = pytest.mark.torch
 
 HELPERS = Path(__file__).parent / "helpers"
-SRC = Path(__file__).resolve().parents[1] / "src"
 
 
 def _env(**extra: str) -> dict[str, str]:
     """horovod unimportable, hvdrunner from the source tree, short bounds."""
-    env = dict(os.environ, HVDRUNNER_DEADLOCK_S="2", HOROVOD_GLOO_TIMEOUT_SECONDS="5", **extra)
-    env["PYTHONPATH"] = os.pathsep.join([str(HELPERS / "no_horovod"), str(SRC),
-                                         env.get("PYTHONPATH", "")])  # fmt: skip
-    return env
-
-
-def _launch(cmd: list[str], env: dict[str, str], timeout: float) -> subprocess.CompletedProcess:
-    """Run a launcher; on a timeout its whole process group goes, then the test fails."""
-    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True, start_new_session=True)  # fmt: skip
-    try:
-        out, err = proc.communicate(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        out, err = proc.communicate()
-        pytest.fail(f"{cmd[:4]} did not end within {timeout} s:\n{out[-2000:]}\n{err[-2000:]}")
-    return subprocess.CompletedProcess(cmd, proc.returncode, out, err)
+    return without_horovod_env(HOROVOD_GLOO_TIMEOUT_SECONDS="5", **extra)
 
 
 def _torchrun(*args: str, env: dict[str, str] | None = None, timeout: float = 120):
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
-           *args]  # fmt: skip
-    return _launch(cmd, env or _env(), timeout)
+    return torchrun(*args, env=env or _env(), timeout=timeout)
 
 
 def _free_port() -> int:
@@ -133,7 +112,7 @@ def test_a_job_that_ends_without_shutdown_exits_cleanly_every_time(tmp_path, lau
             cmd = [sys.executable, "-m", "databricks.air.sgc_run", "-n", "2", "--world_size", "2",
                    "--master_addr", "127.0.0.1", "--master_port", str(_free_port()), str(script),
                    str(out)]  # fmt: skip
-            proc = _launch(cmd, _env(), timeout=120)
+            proc = launch(cmd, _env(), timeout=120)
         assert out.read_text() == "trained", proc.stderr[-2000:]
         if proc.returncode != 0 or "terminate called" in proc.stderr:
             failures.append(f"run {run}: exit {proc.returncode}: {proc.stderr[-1500:]}")

@@ -10,7 +10,6 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import signal
 import subprocess
 import sys
 import time
@@ -19,21 +18,13 @@ from pathlib import Path
 import pytest
 
 from helpers.docblocks import block
+from helpers.engine_jobs import torchrun, without_horovod_env
 from hvdrunner import HorovodRunner
 
 pytestmark = pytest.mark.torch
 
 HELPERS = Path(__file__).parent / "helpers"
 SRC = Path(__file__).resolve().parents[1] / "src"
-
-
-def _without_horovod_env(package_dir: Path = SRC) -> dict[str, str]:
-    """horovod unimportable; hvdrunner imported from ``package_dir`` (the source tree, or
-    where its built wheel was installed)."""
-    env = dict(os.environ, HVDRUNNER_DEADLOCK_S="2")
-    env["PYTHONPATH"] = os.pathsep.join([str(HELPERS / "no_horovod"), str(package_dir),
-                                         env.get("PYTHONPATH", "")])  # fmt: skip
-    return env
 
 
 def _install_built_wheel(tmp_path: Path) -> Path:
@@ -56,25 +47,9 @@ def _install_built_wheel(tmp_path: Path) -> Path:
     return site
 
 
-def _torchrun(*args: str, timeout: float) -> subprocess.CompletedProcess[str]:
-    """``torchrun --standalone --nproc-per-node 2 ARGS`` with horovod unimportable; on a
-    timeout its whole process group goes (torchrun's workers included), then the test fails."""
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
-           *args]  # fmt: skip
-    proc = subprocess.Popen(cmd, env=_without_horovod_env(), stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, start_new_session=True)  # fmt: skip
-    try:
-        out, err = proc.communicate(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        out, err = proc.communicate()
-        pytest.fail(f"torchrun did not end within {timeout} s:\n{out[-2000:]}\n{err[-2000:]}")
-    return subprocess.CompletedProcess(cmd, proc.returncode, out, err)
-
-
 def test_horovods_api_under_torchrun_without_horovod(tmp_path):
     started = time.monotonic()
-    proc = _torchrun(str(HELPERS / "engine_battery.py"), str(tmp_path), timeout=300)
+    proc = torchrun(str(HELPERS / "engine_battery.py"), str(tmp_path), timeout=300)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     for rank in (0, 1):
         results = json.loads((tmp_path / f"rank{rank}.json").read_text())
@@ -89,7 +64,7 @@ def test_the_gradient_lane_gives_the_negotiated_paths_bits(tmp_path):
     uneven join (the joined rank serves zeros on the lane); float16 gradients stay
     negotiated; a rank that steps while its peer makes another collective gets the deadlock
     verdict naming it, not a hang (tests/helpers/lane_battery.py)."""
-    proc = _torchrun(str(HELPERS / "lane_battery.py"), str(tmp_path), timeout=300)
+    proc = torchrun(str(HELPERS / "lane_battery.py"), str(tmp_path), timeout=300)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     for rank in (0, 1):
         results = json.loads((tmp_path / f"rank{rank}.json").read_text())
@@ -189,7 +164,7 @@ def test_hvdrunners_wheel_alone_runs_a_pytorch_job_without_horovod(tmp_path):
     site = _install_built_wheel(tmp_path)
     script = tmp_path / "job.py"
     script.write_text(NO_HOROVOD_JOB)
-    proc = subprocess.run([sys.executable, str(script)], env=_without_horovod_env(site),
+    proc = subprocess.run([sys.executable, str(script)], env=without_horovod_env(site),
                           capture_output=True, text=True, timeout=180, cwd=tmp_path)  # fmt: skip
     lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")]
     assert proc.returncode == 0 and lines, proc.stdout[-2000:] + proc.stderr[-3000:]
@@ -231,7 +206,7 @@ def test_a_dead_peer_fails_the_others_fast(tmp_path, action):
         "    os._exit(0)\n"
         "os._exit(5)\n"
     )  # fmt: skip
-    proc = _torchrun("--max-restarts", "0", "--monitor-interval", "5", str(script), timeout=120)
+    proc = torchrun("--max-restarts", "0", "--monitor-interval", "5", str(script), timeout=120)
     out = proc.stdout + proc.stderr
     assert "RAISED" in out, out[-3000:]
     line = next(ln for ln in out.splitlines() if "RAISED" in ln)
