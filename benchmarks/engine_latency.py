@@ -9,8 +9,9 @@ floats: a vector of metrics), 1 KiB (the largest the engine carries inside its r
 
     .venv-torch/bin/python benchmarks/engine_latency.py [--rounds 7 --calls 200]
 
-writes benchmarks/results/engine_latency-<stack>.json. The engine's contenders run under
-torchrun; the compiled horovod's (``--compiled``, gpu stack) under ``horovodrun --gloo``.
+writes benchmarks/results/engine_latency-<stack>.json (``STACK=gpu``: ``-gpu.json``, with the
+compiled horovod). The engine's contenders run under torchrun; the compiled horovod's
+(``--compiled``, the gpu stack's CUDA build on CPU tensors) under ``horovodrun --gloo``.
 """
 
 from __future__ import annotations
@@ -113,7 +114,8 @@ def main() -> None:
         pass
     ratios = {s: {c: round(v / by["dist.all_reduce"], 2) for c, v in by.items()}
               for s, by in medians.items()}  # fmt: skip
-    save(Path(__file__).parent / "results" / f"engine_latency-{stack()}.json", {
+    name = "gpu" if os.environ.get("STACK") == "gpu" else stack()  # gpu: the compiled one too
+    save(Path(__file__).parent / "results" / f"engine_latency-{name}.json", {
         "what": "ms per call, median over rounds of the mean of back-to-back calls, 2 ranks, "
                 "gloo, CPU tensors; ratio: over dist.all_reduce of the same tensor",
         "command": f"benchmarks/engine_latency.py --rounds {args.rounds} --calls {args.calls}",
