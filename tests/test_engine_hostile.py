@@ -16,7 +16,6 @@ import pytest
 
 from helpers.engine_jobs import launch, torchrun, without_horovod_env
 from hvdrunner import HorovodRunner, HorovodRunnerError
-from hvdrunner.engine.world import World
 
 pytestmark = pytest.mark.torch
 
@@ -62,6 +61,8 @@ def test_the_hostile_battery(tmp_path):
 def test_horovods_and_torchs_environments_must_agree(env, words):
     """One rule: where both name a place they must agree (a leftover HOROVOD_RANK hung
     both ranks in init(); a leftover HOROVOD_LOCAL_RANK won over LOCAL_RANK in silence)."""
+    from hvdrunner.engine.world import World  # torch: on the torch stack only
+
     env = dict(env, MASTER_ADDR="127.0.0.1", MASTER_PORT="1")
     with pytest.raises(ValueError) as info:
         World.from_environment(env)
@@ -69,6 +70,8 @@ def test_horovods_and_torchs_environments_must_agree(env, words):
 
 
 def test_either_environment_alone_or_both_alike_is_the_job():
+    from hvdrunner.engine.world import World  # torch: on the torch stack only
+
     both = {"HOROVOD_RANK": "1", "HOROVOD_SIZE": "2", "RANK": "1", "WORLD_SIZE": "2",
             "LOCAL_RANK": "1", "MASTER_ADDR": "h", "MASTER_PORT": "1"}  # fmt: skip
     torch_only = {k: v for k, v in both.items() if not k.startswith("HOROVOD_")}
