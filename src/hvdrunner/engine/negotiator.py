@@ -90,7 +90,7 @@ class Negotiator:
     def __init__(self, control: dist.ProcessGroup, ranks: tuple[int, ...], rank: int,
                  execute: Executor) -> None:  # fmt: skip
         self.rank, self.ranks = rank, ranks
-        self.control = control
+        self.control: dist.ProcessGroup | None = control  # None once released
         self._execute = execute
         self._lock = threading.Condition()
         self._new: list[Request] = []  # enqueued, not yet announced
@@ -161,7 +161,7 @@ class Negotiator:
     def release(self) -> None:
         """After ``close()``: drop the process groups (a thread still running keeps them)."""
         if not self.alive():
-            self.control = None  # type: ignore[assignment]
+            self.control = None
             self._execute = _closed
 
     def _raise_if_broken(self) -> None:
