@@ -40,3 +40,14 @@ def save(path: Path, out: dict) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(out, indent=2) + "\n")
     print(json.dumps(out, indent=2))
+
+
+def warm_local_session(app_name: str):  # -> pyspark.sql.SparkSession
+    """A ``local[2]`` session whose executors' Python workers are already started, so the
+    first launch timed is not the one that starts them."""
+    from hvdrunner.spark import local_session
+
+    spark = local_session("local[2]", app_name=app_name)
+    spark.sparkContext.setLogLevel("ERROR")
+    spark.sparkContext.parallelize(range(2), 2).count()
+    return spark

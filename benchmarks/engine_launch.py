@@ -22,7 +22,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
-from _bench import context, save  # noqa: E402
+from _bench import context, save, warm_local_session  # noqa: E402
 
 
 def job() -> tuple[float, float]:
@@ -47,11 +47,8 @@ def main() -> None:
     from pyspark.ml.torch.distributor import TorchDistributor
 
     from hvdrunner import HorovodRunner
-    from hvdrunner.spark import local_session
 
-    spark = local_session("local[2]", app_name="bench-engine-launch")
-    spark.sparkContext.setLogLevel("ERROR")
-    spark.sparkContext.parallelize(range(2), 2).count()  # warm the executors' Python workers
+    warm_local_session("bench-engine-launch")
     launchers = {
         "HorovodRunner(np=2)": lambda: HorovodRunner(np=2).run(job),
         "TorchDistributor(num_processes=2)": lambda: TorchDistributor(

@@ -12,8 +12,12 @@ import argparse
 import json
 import platform
 import statistics
+import sys
 import time
 from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).parent))
+from _bench import warm_local_session  # noqa: E402
 
 RESULTS = Path(__file__).parent / "results" / "launch_overhead.json"
 
@@ -39,11 +43,8 @@ def main() -> None:
     import horovod.spark
 
     from hvdrunner import HorovodRunner
-    from hvdrunner.spark import local_session
 
-    spark = local_session("local[2]", app_name="bench-launch")
-    spark.sparkContext.setLogLevel("ERROR")
-    spark.sparkContext.parallelize(range(2), 2).count()  # warm the executors' Python workers
+    spark = warm_local_session("bench-launch")
 
     runner = HorovodRunner(np=2)
     ours = time_call(lambda: runner.run(noop), args.reps)

@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from helpers.docblocks import block
-from helpers.engine_jobs import torchrun, without_horovod_env
+from helpers.engine_jobs import battery, torchrun, without_horovod_env
 from hvdrunner import HorovodRunner
 
 pytestmark = pytest.mark.torch
@@ -49,12 +49,8 @@ def _install_built_wheel(tmp_path: Path) -> Path:
 
 def test_horovods_api_under_torchrun_without_horovod(tmp_path):
     started = time.monotonic()
-    proc = torchrun(str(HELPERS / "engine_battery.py"), str(tmp_path), timeout=300)
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    for rank in (0, 1):
-        results = json.loads((tmp_path / f"rank{rank}.json").read_text())
-        failed = {name: why for name, why in results.items() if why != "ok"}
-        assert len(results) >= 15 and not failed, f"rank {rank}: {failed}"
+    for rank, (ran, failed) in battery("engine_battery.py", tmp_path, timeout=300).items():
+        assert ran >= 15 and not failed, f"rank {rank}: {failed}"
     assert time.monotonic() - started < 240
 
 
@@ -64,12 +60,8 @@ def test_the_gradient_lane_gives_the_negotiated_paths_bits(tmp_path):
     uneven join (the joined rank serves zeros on the lane); float16 gradients stay
     negotiated; a rank that steps while its peer makes another collective gets the deadlock
     verdict naming it, not a hang (tests/helpers/lane_battery.py)."""
-    proc = torchrun(str(HELPERS / "lane_battery.py"), str(tmp_path), timeout=300)
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    for rank in (0, 1):
-        results = json.loads((tmp_path / f"rank{rank}.json").read_text())
-        failed = {name: why for name, why in results.items() if why != "ok"}
-        assert len(results) == 9 and not failed, f"rank {rank}: {failed}"
+    for rank, (ran, failed) in battery("lane_battery.py", tmp_path, timeout=300).items():
+        assert ran == 9 and not failed, f"rank {rank}: {failed}"
 
 
 def _recipe(engine: str) -> tuple[list[float], list, dict[str, str | None]]:

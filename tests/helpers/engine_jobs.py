@@ -5,6 +5,7 @@ process group (its workers included), then the test fails."""
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -46,3 +47,17 @@ def torchrun(
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
            *args]  # fmt: skip
     return launch(cmd, env or without_horovod_env(), timeout)
+
+
+def battery(script: str, out: Path, timeout: float, env: dict[str, str] | None = None
+            ) -> dict[int, tuple[int, dict[str, str]]]:  # fmt: skip
+    """Run a battery (a script in helpers/ that writes ``OUT/rank<r>.json``: each check's
+    name and ``"ok"`` or what went wrong) on 2 ranks under torchrun; per rank, how many
+    checks ran and those that failed."""
+    proc = torchrun(str(HELPERS / script), str(out), timeout=timeout, env=env)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    ran = {}
+    for rank in (0, 1):
+        results = json.loads((out / f"rank{rank}.json").read_text())
+        ran[rank] = (len(results), {name: why for name, why in results.items() if why != "ok"})
+    return ran

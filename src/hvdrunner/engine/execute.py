@@ -36,7 +36,9 @@ from hvdrunner.engine.requests import (
     PRODUCT,
     REDUCESCATTER,
     SUM,
+    dtypes,
     inline,
+    nbytes,
 )  # fmt: skip
 from hvdrunner.errors import HorovodInternalError
 
@@ -282,12 +284,6 @@ def _any(ready: Ready) -> int:
     return next(iter(ready.entry.signatures))
 
 
-def dtypes(sig: tuple[Any, ...]) -> list[torch.dtype]:
-    """Each tensor's dtype in a signature (one name for all, or one per tensor)."""
-    names = sig[1] if isinstance(sig[1], tuple) else (sig[1],) * len(sig[3])
-    return [getattr(torch, name) for name in names]
-
-
 def _inputs(ready: Ready) -> list[torch.Tensor]:
     """This rank's tensors, or zeros of the agreed shapes on a rank that joined."""
     if ready.mine is not None:
@@ -304,9 +300,7 @@ def _fusion_key(ready: Ready) -> tuple[Any, ...]:
 
 
 def _nbytes(ready: Ready) -> int:
-    sig = ready.entry.signatures[_any(ready)]
-    return sum(int(torch.Size(s).numel()) * torch.empty((), dtype=d).element_size()
-               for s, d in zip(sig[3], dtypes(sig), strict=True))  # fmt: skip
+    return nbytes(ready.entry.signatures[_any(ready)])
 
 
 def _deliver(ready: Ready, outs: list[torch.Tensor] | None) -> None:

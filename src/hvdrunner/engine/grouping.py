@@ -25,18 +25,17 @@ def buckets(params: list[torch.Tensor], cap: int = BUCKET_BYTES) -> list[tuple[t
     DDP's do: a model with float32 and float64 (or float16) parameters gets a bucket per type,
     each reduced in its own type."""
     out: list[list[torch.Tensor]] = []
-    open_: dict[tuple[torch.dtype, torch.device], tuple[list[torch.Tensor], list[int]]] = {}
+    current: dict[tuple[torch.dtype, torch.device], int] = {}  # each type's open bucket in out
+    size: dict[tuple[torch.dtype, torch.device], int] = {}
     for p in reversed(params):
         key = (p.dtype, p.device)
         nbytes = p.numel() * p.element_size()
-        found = open_.get(key)
-        if found is None or (found[0] and found[1][0] + nbytes > cap):
-            found = ([], [0])
-            open_[key] = found
-            out.append(found[0])
-        found[0].append(p)
-        found[1][0] += nbytes
-    return [tuple(b) for b in out if b]
+        if key not in current or size[key] + nbytes > cap:
+            current[key], size[key] = len(out), 0
+            out.append([])
+        out[current[key]].append(p)
+        size[key] += nbytes
+    return [tuple(b) for b in out]
 
 
 def parameter_names(param_groups: list[dict[str, Any]],

@@ -23,17 +23,16 @@ from __future__ import annotations
 
 import contextlib
 import os
-import pickle
 import threading
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-import torch
 import torch.distributed as dist
 
 from hvdrunner._logging import get_logger
+from hvdrunner.engine.exchange import exchange
 from hvdrunner.engine.requests import ALLREDUCE, BARRIER, Handle, Request, first_difference
 from hvdrunner.errors import HorovodInternalError
 
@@ -50,10 +49,6 @@ SHUTDOWN_WAIT_S = 30.0
 #: them are told so (a deadlock: e.g. ranks made different numbers of unnamed collectives);
 #: read at init(), as every engine setting.
 DEADLOCK_ENV, DEADLOCK_S = "HVDRUNNER_DEADLOCK_S", 10.0
-#: A round's message fits this many bytes in the common case: one collective per round.
-SLOT_BYTES = 4096
-#: torch >= 2.10 names it all_gather_single (the old name warns); older torch has only that.
-_ALL_GATHER = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
 
 
 @dataclass
@@ -256,29 +251,6 @@ class Negotiator:
     def _decode(self, item: tuple[Any, ...]) -> tuple[Any, ...]:
         return (*self._cached[item[0]], item[1]) if len(item) == 2 else item
 
-    def _exchange(self, message: Any) -> list[Any]:
-        """Every rank's ``message``: one fixed-size allgather when all fit, else a second,
-        exact one (every rank sees who overflowed, so all take the same path)."""
-        data = pickle.dumps(message)
-        n = len(self.ranks)
-        slot = torch.zeros(SLOT_BYTES, dtype=torch.uint8)
-        fits = len(data) <= SLOT_BYTES - 8
-        head = len(data) if fits else -1
-        slot[:8] = torch.tensor([head], dtype=torch.int64).view(torch.uint8)
-        if fits:
-            slot[8 : 8 + len(data)] = torch.frombuffer(bytearray(data), dtype=torch.uint8)
-        if n == 1:
-            return [message]
-        out = torch.empty(n * SLOT_BYTES, dtype=torch.uint8)
-        _ALL_GATHER(out, slot, group=self.control)
-        rows = out.view(n, SLOT_BYTES)
-        heads = [int(rows[i, :8].view(torch.int64)[0]) for i in range(n)]
-        if all(h >= 0 for h in heads):
-            return [pickle.loads(rows[i, 8 : 8 + h].numpy().tobytes()) for i, h in enumerate(heads)]
-        gathered: list[Any] = [None] * n
-        dist.all_gather_object(gathered, message, group=self.control)
-        return gathered
-
     def _one_round(self) -> bool:
         with self._lock:
             new, self._new = self._new, []
@@ -286,7 +258,7 @@ class Negotiator:
                 self._mine[(request.ps_id, request.name)] = request
             waiting = self._waiting > 0 or self._join_handle is not None
             flags = (self._join_handle is not None, self._shutdown, waiting, self._declare)
-        gathered = self._exchange((flags, [self._encode(r) for r in new]))
+        gathered = exchange((flags, [self._encode(r) for r in new]), len(self.ranks), self.control)
         self._round += 1
         for rank, ((joined, *_), announced) in zip(self.ranks, gathered, strict=False):
             if joined and rank not in self._joined:
@@ -313,7 +285,8 @@ class Negotiator:
     def _watch_for_deadlock(self, gathered: list[Any], progressed: bool) -> None:
         """Every rank of the set blocked on a request that another rank never made: nothing
         can change, so say so on every rank instead of hanging (Horovod stalls there). The
-        set's first rank declares it after ``HVDRUNNER_DEADLOCK_S``; all act in the round it does."""
+        set's first rank declares it after ``HVDRUNNER_DEADLOCK_S``; all act in the round it
+        does."""
         stuck = (not progressed and bool(self._table)
                  and all(flags[2] for flags, _ in gathered))  # fmt: skip
         if any(flags[3] for flags, _ in gathered):

@@ -89,8 +89,20 @@ class Request:
 #: that agrees on it: every rank reduces the gathered copies itself, in rank order, and no
 #: second collective runs (a round costs one small allgather; gloo's allreduce of 16 bytes
 #: or more costs twice that again here: docs/benchmarks.md). A round's slot is 4 KiB
-#: whatever it carries (negotiator.SLOT_BYTES): three such payloads fit in one.
+#: whatever it carries (exchange.SLOT_BYTES): three such payloads fit in one.
 INLINE_BYTES = 1024
+
+
+def dtypes(sig: tuple[Any, ...]) -> list[torch.dtype]:
+    """Each tensor's dtype in a signature (one name for all, or one per tensor)."""
+    names = sig[1] if isinstance(sig[1], tuple) else (sig[1],) * len(sig[3])
+    return [getattr(torch, name) for name in names]
+
+
+def nbytes(sig: tuple[Any, ...]) -> int:
+    """The bytes of a signature's tensors, all together."""
+    return sum(int(torch.Size(s).numel()) * d.itemsize
+               for s, d in zip(sig[3], dtypes(sig), strict=True))  # fmt: skip
 
 
 def inline(sig: tuple[Any, ...]) -> bool:
@@ -98,8 +110,7 @@ def inline(sig: tuple[Any, ...]) -> bool:
     every rank: it depends on what they agreed on alone)."""
     if sig[0] != ALLREDUCE or sig[2] != "cpu" or isinstance(sig[1], tuple) or not sig[1]:
         return False
-    item = torch.empty((), dtype=getattr(torch, sig[1])).element_size()
-    return sum(int(torch.Size(s).numel()) for s in sig[3]) * item <= INLINE_BYTES
+    return nbytes(sig) <= INLINE_BYTES
 
 
 def payload(tensors: list[torch.Tensor]) -> bytes:
