@@ -21,6 +21,9 @@
 #                           `all`: every one nvcc knows, horovod's own default, ~10x the
 #                           compile). Default: this node's GPUs (nvidia-smi), else nvcc's
 #                           oldest (its PTX runs on any newer GPU). In the key as -smNN.MM
+#   HVDRUNNER_HOROVOD_FRAMEWORKS
+#                           all (default: each framework installed) | tensorflow | torch:
+#                           which of the installed frameworks horovod is compiled for
 #   --wheel                 always leave the wheel in the cache (build it if missing), even
 #                           when a good horovod is already installed; then install it
 #   --print-key             print the wheel cache key (horovod, TF, torch, Python, CUDA, flags)
@@ -126,6 +129,13 @@ PY
 ) || true
 [ "${TF_VERSION:--}" = "-" ] && TF_VERSION=""
 [ "${TORCH_VERSION:--}" = "-" ] && TORCH_VERSION=""
+# A stack whose PyTorch runs on hvdrunner's engine compiles horovod for TensorFlow only.
+case "${HVDRUNNER_HOROVOD_FRAMEWORKS:-all}" in
+  all) ;;
+  tensorflow) TORCH_VERSION=""; NEEDS_TORCH_PATCH=0; NEEDS_TORCH20_PATCH=0 ;;
+  torch) TF_VERSION=""; NEEDS_XLA_PATCH=0 ;;
+  *) die "HVDRUNNER_HOROVOD_FRAMEWORKS must be all, tensorflow or torch (got ${HVDRUNNER_HOROVOD_FRAMEWORKS})" ;;
+esac
 [ -n "$TF_VERSION$TORCH_VERSION" ] || die "neither TensorFlow nor PyTorch is installed for $PY: install one first (horovod compiles against it)."
 FW_TAG=""
 [ -z "$TF_VERSION" ] || FW_TAG="tf$TF_VERSION"

@@ -68,8 +68,13 @@ if [ "$STACK" = torch ]; then
   say "stage 2/3: no horovod (PyTorch runs on hvdrunner's engine over torch.distributed)"
   "${PIP[@]}" uninstall -q -y horovod 2>/dev/null || true
 else
-  say "stage 2/3: horovod from source (the framework + gloo, no MPI; GPU operations: $GPU)"
-  PYTHON="$PY" HVDRUNNER_HOROVOD_GPU="$GPU" bash "$ROOT/scripts/install_horovod.sh"
+  # modern: TensorFlow only (its torch is the engine's transport; the compiled horovod is
+  # the parity reference behind HVDRUNNER_TF_ENGINE=horovod).
+  FRAMEWORKS=all
+  [ "$STACK" != modern ] || FRAMEWORKS=tensorflow
+  say "stage 2/3: horovod from source ($FRAMEWORKS + gloo, no MPI; GPU operations: $GPU)"
+  PYTHON="$PY" HVDRUNNER_HOROVOD_GPU="$GPU" HVDRUNNER_HOROVOD_FRAMEWORKS="$FRAMEWORKS" \
+    bash "$ROOT/scripts/install_horovod.sh"
 fi
 
 say "stage 3/3: Spark, Arrow, MLflow, dev tools, hvdrunner ($REQ/stack.txt)"

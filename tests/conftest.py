@@ -52,6 +52,8 @@ def _installed(dist: str) -> bool:
 #:   ``keras_torch`` (a path that differs by Keras backend: the collectives, the optimizer
 #:   wrapper, fit's feed, checkpoints, the logged model) on the torch stack too, where Keras
 #:   3 runs on PyTorch without TensorFlow (KERAS_BACKEND=torch, set below);
+#: - ``tf_engine``-marked (TensorFlow on hvdrunner's engine, and the compiled horovod beside
+#:   it): the modern stack, which has TensorFlow, torch and a compiled horovod;
 #: - ``stacks("torch", "gpu")`` on a ``torch`` test: also on the gpu stack, whose horovod is
 #:   the CUDA + NCCL build - its CPU paths must give what the CPU build gives;
 #: - ``stacks("lts", ...)``: the stacks named - a test about what differs between them
@@ -88,6 +90,8 @@ def stacks_of(item: pytest.Item) -> tuple[str, ...]:
         return tuple(named.args)
     if item.get_closest_marker("torch") is not None:
         return ("torch",)
+    if item.get_closest_marker("tf_engine") is not None:
+        return ("modern",)
     if item.get_closest_marker("keras") is not None:
         on_torch = item.get_closest_marker("keras_torch") is not None
         return (*TF_STACKS, "torch") if on_torch else TF_STACKS
@@ -120,6 +124,8 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         is_torch = item.get_closest_marker("torch") is not None
         if is_torch:
             framework = has_torch
+        elif item.get_closest_marker("tf_engine") is not None:
+            framework = has_tf and has_torch
         elif item.get_closest_marker("keras_torch") is not None:
             framework = has_tf or keras_on_torch
         else:

@@ -417,14 +417,23 @@ HOROVOD_ANSWERS = {
 }  # fmt: skip
 
 
+def _engine_nccl() -> int | bool:
+    from hvdrunner.engine import build_info
+
+    return build_info.nccl_built() or False
+
+
 @pytest.mark.keras_torch
 @pytest.mark.timeout(300)
 @pytest.mark.parametrize("module", LOCAL_MODULES)
 def test_the_collectives_answer_what_horovod_answers(module):
     everyone, initialized_after_shutdown = HorovodRunner(np=-2).run(collective_names,
                                                                     hvd_module=module)  # fmt: skip
+    # nccl_built() is NCCL's version where the transport has NCCL: the engine's where torch
+    # is a CUDA build (the modern stack's), the compiled CPU horovod's 0/False elsewhere
+    nccl = _engine_nccl() if module.startswith("hvdrunner.") else False
     for rank, answers in enumerate(everyone):
-        for name, expected in HOROVOD_ANSWERS.items():
+        for name, expected in (HOROVOD_ANSWERS | {"build": [True, False, nccl]}).items():
             got = answers[name]
             if module.startswith("horovod.") and got == "absent":
                 continue  # not in Horovod's Keras module (*_object, broadcast_variables): ours adds it

@@ -22,16 +22,26 @@ import os
 LEGACY_ENV = "TF_USE_LEGACY_KERAS"
 BACKEND_ENV = "KERAS_BACKEND"
 
-#: Which Horovod runs PyTorch (hvdrunner.torch, Keras on PyTorch): ``hvdrunner`` (the default,
-#: hvdrunner's engine on torch.distributed: nothing compiled) or ``horovod`` (a compiled
-#: ``horovod.torch``, where the runtime has one). HorovodRunner passes it to every rank.
-ENGINE_ENV = "HVDRUNNER_TORCH_ENGINE"
-ENGINES = {"hvdrunner": "hvdrunner.engine", "horovod": "horovod.torch"}
+#: Which Horovod runs Horovod's APIs (hvdrunner.torch, hvdrunner.keras, the drop-ins'
+#: internals): ``hvdrunner`` (the default, hvdrunner's engine on torch.distributed: nothing
+#: compiled) or ``horovod`` (a compiled ``horovod.torch``/``horovod.tensorflow``, where the
+#: runtime has one). HorovodRunner passes it to every rank. ``HVDRUNNER_TORCH_ENGINE`` is its
+#: older, PyTorch-only name (still read, for PyTorch, when ``HVDRUNNER_ENGINE`` is unset).
+ENGINE_ENV = "HVDRUNNER_ENGINE"
+TORCH_ENGINE_ENV = "HVDRUNNER_TORCH_ENGINE"
+ENGINES = {
+    "hvdrunner": {"torch": "hvdrunner.engine", "tensorflow": "hvdrunner.engine.tf"},
+    "horovod": {"torch": "horovod.torch", "tensorflow": "horovod.tensorflow"},
+}
 
 # -- the frameworks hvdrunner knows, named once -------------------------------------------
 #: Horovod's framework modules a rank may initialise (hvdrunner.hvd_keras uses one of them;
 #: hvdrunner.engine is hvdrunner.hvd_torch's).
-HOROVOD_FRAMEWORKS = ("hvdrunner.engine", "horovod.torch", "horovod.tensorflow")
+HOROVOD_FRAMEWORKS = (
+    "hvdrunner.engine",
+    "horovod.torch",
+    "horovod.tensorflow",
+)  # engine.tf: the engine's
 #: Packages a stalled rank counts as "inside a library" in (the stall's report).
 #: Where a rank's main thread counts as inside a library for the stall watchdog: the
 #: frameworks, Horovod, and hvdrunner's own Horovod engine (a rank blocked in hvd.allreduce).
@@ -116,26 +126,45 @@ def keras_backend(env: dict[str, str] | None = None) -> str:
         return "tensorflow"
 
 
+def _engine_choice(env: dict[str, str] | None, names: tuple[str, ...]) -> str:
+    source = dict(os.environ) if env is None else env
+    for name in names:
+        choice = source.get(name, "").strip().lower()
+        if not choice:
+            continue
+        if choice not in ENGINES:
+            raise ValueError(
+                f"{name}={source.get(name)!r}: expected 'hvdrunner' (hvdrunner's engine on "
+                f"torch.distributed, the default) or 'horovod' (a compiled horovod)"
+            )
+        return choice
+    return "hvdrunner"
+
+
 def torch_engine(env: dict[str, str] | None = None) -> str:
-    """The module that runs Horovod's PyTorch API here (``HVDRUNNER_TORCH_ENGINE``).
+    """The module that runs Horovod's PyTorch API here (``HVDRUNNER_ENGINE``, else its older
+    name ``HVDRUNNER_TORCH_ENGINE``).
 
     Example:
-        >>> torch_engine({}), torch_engine({"HVDRUNNER_TORCH_ENGINE": "horovod"})
+        >>> torch_engine({}), torch_engine({"HVDRUNNER_ENGINE": "horovod"})
         ('hvdrunner.engine', 'horovod.torch')
     """
-    source = dict(os.environ) if env is None else env
-    choice = source.get(ENGINE_ENV, "").strip().lower() or "hvdrunner"
-    if choice not in ENGINES:
-        raise ValueError(
-            f"{ENGINE_ENV}={source.get(ENGINE_ENV)!r}: expected 'hvdrunner' (hvdrunner's engine on "
-            f"torch.distributed, the default) or 'horovod' (a compiled horovod.torch)"
-        )
-    return ENGINES[choice]
+    return ENGINES[_engine_choice(env, (ENGINE_ENV, TORCH_ENGINE_ENV))]["torch"]
+
+
+def tf_engine(env: dict[str, str] | None = None) -> str:
+    """The module that runs Horovod's TensorFlow API here (``HVDRUNNER_ENGINE``).
+
+    Example:
+        >>> tf_engine({}), tf_engine({"HVDRUNNER_ENGINE": "horovod"})
+        ('hvdrunner.engine.tf', 'horovod.tensorflow')
+    """
+    return ENGINES[_engine_choice(env, (ENGINE_ENV,))]["tensorflow"]
 
 
 def framework_env(env: dict[str, str] | None = None) -> dict[str, str]:
     """The driver's settings that choose a framework (``KERAS_BACKEND``,
-    ``TF_USE_LEGACY_KERAS``, ``HVDRUNNER_TORCH_ENGINE``), for every rank: a notebook that sets them in ``os.environ``
+    ``TF_USE_LEGACY_KERAS``, ``HVDRUNNER_ENGINE``), for every rank: a notebook that sets them in ``os.environ``
     trains its ranks on what it chose, whatever the executors' own environment says.
 
     Example:
@@ -143,4 +172,8 @@ def framework_env(env: dict[str, str] | None = None) -> dict[str, str]:
         {'KERAS_BACKEND': 'torch'}
     """
     source = dict(os.environ) if env is None else env
-    return {name: source[name] for name in (BACKEND_ENV, LEGACY_ENV, ENGINE_ENV) if name in source}
+    return {
+        name: source[name]
+        for name in (BACKEND_ENV, LEGACY_ENV, ENGINE_ENV, TORCH_ENGINE_ENV)
+        if name in source
+    }

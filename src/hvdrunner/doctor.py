@@ -88,11 +88,11 @@ def _framework_check(info: dict[str, Any], name: str, dist: str, fix: str,
     return Check(title, built, detail, fix)
 
 
-#: What a torch without a compiled horovod.torch still has (doctor's wording, said once).
+#: What runs without a compiled horovod (doctor's wording, said once).
 ENGINE_NOTE = (
-    "; not needed: hvdrunner.torch, Keras on PyTorch and `import hvdrunner.hvd_torch as hvd` "
-    "run on hvdrunner's engine (torch.distributed); unchanged `import horovod.torch` code "
-    "and HVDRUNNER_TORCH_ENGINE=horovod need it"
+    "; not needed: hvdrunner.keras, hvdrunner.torch and the drop-ins hvdrunner.hvd_keras, "
+    "hvd_tensorflow and hvd_torch run on hvdrunner's engine (torch.distributed); unchanged "
+    "`import horovod.tensorflow`/`horovod.torch` code and HVDRUNNER_ENGINE=horovod need it"
 )
 
 
@@ -111,19 +111,21 @@ def _fix_build(env: dict[str, str] | None) -> str:
 def evaluate_build(info: dict[str, Any], env: dict[str, str] | None = None) -> list[Check]:
     """Turn build facts into checks. Pure: tests feed it fake build info (and ``env``).
 
-    TensorFlow needs horovod's extension; PyTorch runs on hvdrunner's engine, so its
-    extension is required only with ``HVDRUNNER_TORCH_ENGINE=horovod``, and a torch without
-    TensorFlow needs no horovod at all.
+    TensorFlow and PyTorch run on hvdrunner's engine, so horovod and its extensions are
+    required only with ``HVDRUNNER_ENGINE=horovod`` (``HVDRUNNER_TORCH_ENGINE`` for PyTorch).
     """
-    compiled_torch = _versions.torch_engine(env) == _versions.ENGINES["horovod"]
+    compiled_torch = _versions.torch_engine(env) == _versions.ENGINES["horovod"]["torch"]
+    compiled_tf = _versions.tf_engine(env) == _versions.ENGINES["horovod"]["tensorflow"]
     fix_build = _fix_build(env)
     if not info.get("horovod"):
-        if info.get("torch") and not info.get("tensorflow") and not compiled_torch:
+        if not (compiled_tf and info.get("tensorflow")) and not (
+            compiled_torch and info.get("torch")
+        ):
             return [Check("horovod", None, "not installed" + ENGINE_NOTE, required=False)]
         return [Check("horovod", False, "not installed", fix_build)]
     checks = [
         Check("horovod", True, info["horovod"]),
-        _framework_check(info, "TensorFlow", "tensorflow", fix_build),
+        _framework_check(info, "TensorFlow", "tensorflow", fix_build, needed=compiled_tf),
         _framework_check(info, "PyTorch", "torch", fix_build, needed=compiled_torch),
         Check(
             "horovod built with gloo",
@@ -152,14 +154,23 @@ def _mm(version: str) -> tuple[int, int]:
     return int(parts[0]), int("".join(c for c in parts[1] if c.isdigit()) or 0)
 
 
-def _framework_checks(tf: str | None, torch: str | None) -> list[Check]:
-    """TensorFlow or torch (the torch stack has no TF): at least one must be there."""
+def _framework_checks(tf: str | None, torch: str | None, env: dict[str, str]) -> list[Check]:
+    """TensorFlow or torch (the torch stack has no TF): at least one must be there; torch
+    too where TensorFlow runs on hvdrunner's engine (its transport is torch.distributed)."""
+    engine_tf = tf is not None and _versions.tf_engine(env) == _versions.ENGINES["hvdrunner"][
+        "tensorflow"]  # fmt: skip
+    torch_ok: bool | None = True if torch else (False if engine_tf else None)
     return [
         Check("tensorflow", tf is not None if torch is None else (tf is not None or None),
               tf or "not installed", "install a supported stack: make env STACK=modern (or "
               "STACK=lts, or STACK=torch for PyTorch)", required=torch is None),
-        Check("torch", True if torch else None, torch or "not installed (optional: "
-              "hvdrunner.torch and horovod.torch need it)", required=False),
+        Check("torch", torch_ok, torch or (
+            "not installed: hvdrunner's engine runs Horovod's TensorFlow API over "
+            "torch.distributed" if engine_tf else
+            "not installed (optional: hvdrunner.torch and horovod.torch need it)"),
+            "pip install torch (every Databricks ML runtime with TensorFlow ships it), or "
+            "HVDRUNNER_ENGINE=horovod with a horovod compiled for this TensorFlow",
+            required=engine_tf),
     ]  # fmt: skip
 
 
@@ -198,7 +209,7 @@ def evaluate_stack(
     """
     env = dict(os.environ if env is None else env)
     tf = versions.get("tensorflow")
-    checks = _framework_checks(tf, versions.get("torch"))
+    checks = _framework_checks(tf, versions.get("torch"), env)
     modern = tf is not None and _mm(tf) >= (2, 16)
     legacy = env.get("TF_USE_LEGACY_KERAS", "").strip().lower() in ("1", "true", "yes")
     keras, tfk = versions.get("keras"), versions.get("tf_keras")

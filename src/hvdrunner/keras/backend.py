@@ -1,9 +1,10 @@
 """Which backend Keras trains on here, and Horovod's collectives for it.
 
 - **TensorFlow** (Keras 2, and Keras 3 with ``KERAS_BACKEND=tensorflow``, Keras' default):
-  ``horovod.tensorflow``.
+  Horovod's TensorFlow API on hvdrunner's engine (``hvdrunner.engine.tf``; a compiled
+  ``horovod.tensorflow`` with ``HVDRUNNER_ENGINE=horovod``); nothing compiled.
 - **PyTorch** (Keras 3 with ``KERAS_BACKEND=torch``): hvdrunner's engine (or ``horovod.torch``
-  with ``HVDRUNNER_TORCH_ENGINE=horovod``); nothing compiled, and TensorFlow need not
+  with ``HVDRUNNER_ENGINE=horovod``); nothing compiled, and TensorFlow need not
   be installed. The runtimes dropping TensorFlow (Databricks ML 18+) keep this path.
 - **JAX**: refused with the reason (Horovod has no JAX collectives) and what to use instead.
 
@@ -86,13 +87,11 @@ def is_torch() -> bool:
 
 
 def horovod() -> ModuleType:
-    """Horovod's PyTorch API (hvdrunner's engine, or ``horovod.torch``) or
-    ``horovod.tensorflow``, matching Keras' backend."""
-    if is_torch():  # hvdrunner's engine unless HVDRUNNER_TORCH_ENGINE=horovod
-        return importlib.import_module(_versions.torch_engine())
-    import horovod.tensorflow as hvd
-
-    return hvd
+    """Horovod's PyTorch or TensorFlow API, matching Keras' backend: hvdrunner's engine, or
+    the compiled ``horovod.torch``/``horovod.tensorflow`` (``HVDRUNNER_ENGINE=horovod``)."""
+    # hvdrunner's engine unless HVDRUNNER_ENGINE=horovod
+    engine = _versions.torch_engine() if is_torch() else _versions.tf_engine()
+    return importlib.import_module(engine)
 
 
 def keras_module() -> ModuleType:

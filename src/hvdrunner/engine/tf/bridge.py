@@ -1,0 +1,147 @@
+"""TensorFlow tensors into hvdrunner's engine and back, eager or inside ``tf.function``.
+
+The engine speaks torch tensors (its transport is ``torch.distributed``). A TensorFlow tensor
+reaches it through DLPack: the torch tensor shares the TensorFlow buffer (CPU or GPU), so the
+step's hot path copies nothing on the way in, and the engine's result comes back the same way.
+Eagerly the collective runs at once; in a graph (Keras' ``fit``, any ``tf.function``) it is one
+``tf.py_function`` node, which TensorFlow orders with the graph's other stateful ops, so every
+rank issues its collectives in program order. XLA cannot compile a Python call: a
+``jit_compile=True`` function that reaches a collective fails with TensorFlow's own error.
+
+Engine errors become TensorFlow's, as Horovod's kernels raise them: ranks that disagree
+(shapes, types, ops, roots) ``FailedPreconditionError``; a bad argument
+``InvalidArgumentError``; a lost peer or a shut-down engine ``UnknownError``
+(``hvd.elastic.run`` recognises it).
+
+Example:
+    >>> import tensorflow as tf
+    >>> run(lambda ts: [t * 2 for t in ts], [tf.constant([1.0])], "double")[0].numpy()
+    array([2.], dtype=float32)
+"""
+
+from __future__ import annotations
+
+import weakref
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import numpy as np
+import tensorflow as tf
+import torch
+from torch.utils import dlpack as torch_dlpack
+
+from hvdrunner.errors import HorovodInternalError
+
+Engine = Callable[[list[torch.Tensor]], Sequence[torch.Tensor]]
+ALIGNMENT = 64  # bytes: Eigen's EIGEN_MAX_ALIGN_BYTES in TensorFlow's CPU kernels
+#: Types Horovod moves (allgather, broadcast, alltoall) that torch.distributed lacks: sent as
+#: the signed type of the same width. Reductions refuse them (the engine sees int16).
+_LAST: weakref.WeakKeyDictionary[Any, Any] = weakref.WeakKeyDictionary()
+BITS_AS = {tf.uint16: tf.int16, tf.uint32: tf.int32, tf.uint64: tf.int64}
+
+
+def _not_converted(package: str) -> None:
+    """AutoGraph rewrites the Python a ``tf.function`` calls unless told it is a library's:
+    the engine's calls are plain Python (no tensor-dependent control flow), and rewritten
+    they break (closures, keyword arguments). Horovod's own modules are skipped the same way."""
+    try:
+        from tensorflow.python.autograph.core import config
+
+        rule = config.DoNotConvert(package)
+        if all(getattr(r, "_prefix", None) != package for r in config.CONVERSION_RULES):
+            config.CONVERSION_RULES = (rule, *config.CONVERSION_RULES)
+    except (ImportError, AttributeError):  # a TensorFlow without the rule table: converted
+        pass
+
+
+_not_converted("hvdrunner.engine")
+
+
+def to_torch(t: tf.Tensor) -> torch.Tensor:
+    """The engine's view of an eager tensor: the same memory where DLPack allows."""
+    if t.dtype in BITS_AS:  # moved, never reduced: the same bits in a type gloo carries
+        t = tf.bitcast(t, BITS_AS[t.dtype])
+    try:
+        return torch.from_dlpack(tf.experimental.dlpack.to_dlpack(t))
+    except (tf.errors.InvalidArgumentError, RuntimeError, TypeError, ValueError):
+        return torch.from_numpy(np.array(t))  # a type DLPack lacks: one copy
+
+
+def to_tf(t: torch.Tensor) -> tf.Tensor:
+    """An engine result as an eager tensor (shared memory where DLPack allows)."""
+    t = t.contiguous()
+    if t.data_ptr() % ALIGNMENT:
+        # A view into a fusion buffer: TensorFlow's kernels abort on a CPU buffer that is not
+        # 64-byte aligned (Tensor::CheckTypeAndIsAligned), so it gets a buffer of its own.
+        t = t.clone()
+    try:
+        return tf.experimental.dlpack.from_dlpack(torch_dlpack.to_dlpack(t))
+    except (tf.errors.InvalidArgumentError, RuntimeError, TypeError, ValueError):
+        return tf.convert_to_tensor(t.cpu().numpy())
+
+
+def tf_error(exc: BaseException) -> BaseException:
+    """The TensorFlow error Horovod's kernels raise for what the engine raised."""
+    if isinstance(exc, tf.errors.OpError):
+        return exc
+    message = str(exc)
+    cause = exc.__cause__ if isinstance(exc, HorovodInternalError) else exc
+    if isinstance(cause, HorovodInternalError):  # a peer lost, or the engine shut down
+        return tf.errors.UnknownError(None, None, message)
+    if isinstance(cause, RuntimeError):  # the ranks disagreed: every rank has this error
+        return tf.errors.FailedPreconditionError(None, None, message)
+    if isinstance(cause, ValueError | TypeError):
+        return tf.errors.InvalidArgumentError(None, None, message)
+    return exc
+
+
+def _call(engine: Engine, inputs: Sequence[tf.Tensor], dtypes: Sequence[tf.DType] | None,
+          in_graph: bool = False) -> list[tf.Tensor]:  # fmt: skip
+    try:
+        outs = [to_tf(o) for o in engine([to_torch(t) for t in inputs])]
+    except (RuntimeError, ValueError, TypeError) as exc:
+        error = tf_error(exc)
+        if in_graph and isinstance(error, tf.errors.InvalidArgumentError):
+            # tf.py_function reports a ValueError as InvalidArgumentError, and any other
+            # exception (tf.errors' own included) as UnknownError with the message kept
+            raise ValueError(str(exc)) from exc
+        raise error from exc
+    if dtypes is None:
+        return outs
+    return [tf.bitcast(o, d) if o.dtype != d else o for o, d in zip(outs, dtypes, strict=True)]
+
+
+def _after_previous(graph: Any) -> list[Any]:
+    """In a TensorFlow 1 graph, each collective waits for the one built before it: a
+    ``py_function`` blocks one of the session's few threads while it waits for the other
+    ranks, and ranks that start their collectives in different orders would wait on each
+    other forever. ``tf.function`` orders stateful operations itself."""
+    if getattr(graph, "building_function", False):
+        return []
+    last = _LAST.get(graph)
+    return [] if last is None else [last]
+
+
+def run(engine: Engine, inputs: Sequence[Any], what: str,
+        outputs: Sequence[tuple[tf.DType, Any]] | None = None) -> list[tf.Tensor]:  # fmt: skip
+    """``engine(torch tensors) -> torch tensors`` as a TensorFlow operation on ``inputs``.
+
+    ``outputs``: each result's dtype and (possibly partial) shape in a graph; by default the
+    inputs' own. Eagerly the call runs now; in a graph it is a ``tf.py_function`` named
+    ``what``.
+    """
+    inputs = [tf.convert_to_tensor(t) for t in inputs]
+    kinds = outputs if outputs is not None else [(t.dtype, t.shape) for t in inputs]
+    dtypes = [d for d, _ in kinds]
+    if tf.executing_eagerly():
+        return _call(engine, inputs, dtypes)
+    graph = tf.compat.v1.get_default_graph()
+    with tf.control_dependencies(_after_previous(graph)):
+        outs = tf.py_function(lambda *xs: _call(engine, xs, dtypes, in_graph=True), inputs,
+                              dtypes, name=what)  # fmt: skip
+    outs = list(outs) if isinstance(outs, list | tuple) else [outs]
+    if not getattr(graph, "building_function", False):
+        _LAST[graph] = outs[0].op
+    for out, (_, shape) in zip(outs, kinds, strict=True):
+        out.set_shape(shape)
+    return outs
