@@ -149,9 +149,10 @@ has_gpu() { command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>
 find_nccl() {
   # NCCL's header and library: HOROVOD_NCCL_HOME, then the system (libnccl-dev), the CUDA
   # toolkit, then the pip package nvidia-nccl-cu* (what torch installs). Prints "INCLUDE LIB".
-  local d
-  for d in "${HOROVOD_NCCL_HOME:-}" ${HVDRUNNER_NCCL_SEARCH:-/usr /usr/local/cuda /usr/local/nccl} \
-           $("$PY" -c 'import nvidia.nccl as n; print(list(n.__path__)[0])' 2>/dev/null); do
+  # HVDRUNNER_NCCL_SEARCH replaces the folders searched after HOROVOD_NCCL_HOME (all of them).
+  local d pip_nccl
+  pip_nccl="$("$PY" -c 'import nvidia.nccl as n; print(list(n.__path__)[0])' 2>/dev/null || true)"
+  for d in "${HOROVOD_NCCL_HOME:-}" ${HVDRUNNER_NCCL_SEARCH:-/usr /usr/local/cuda /usr/local/nccl $pip_nccl}; do
     [ -n "$d" ] && [ -f "$d/include/nccl.h" ] || continue
     for lib in "$d/lib" "$d/lib64" "$d/lib/$(uname -m)-linux-gnu" "/usr/lib/$(uname -m)-linux-gnu"; do
       if ls "$lib"/libnccl.so* >/dev/null 2>&1; then echo "$d/include $lib"; return 0; fi

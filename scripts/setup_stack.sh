@@ -67,14 +67,13 @@ if [ "$STACK" = torch ]; then
   # so this stack's tests prove that nothing compiled is needed.
   say "stage 2/3: no horovod (PyTorch runs on hvdrunner's engine over torch.distributed)"
   "${PIP[@]}" uninstall -q -y horovod 2>/dev/null || true
+elif [ "$STACK" = modern ]; then
+  # TensorFlow and PyTorch run on hvdrunner's engine: nothing compiled. `make test` adds the
+  # compiled horovod for TensorFlow (the parity reference, HVDRUNNER_ENGINE=horovod).
+  say "stage 2/3: no horovod to build (TensorFlow and PyTorch run on hvdrunner's engine)"
 else
-  # modern: TensorFlow only (its torch is the engine's transport; the compiled horovod is
-  # the parity reference behind HVDRUNNER_TF_ENGINE=horovod).
-  FRAMEWORKS=all
-  [ "$STACK" != modern ] || FRAMEWORKS=tensorflow
-  say "stage 2/3: horovod from source ($FRAMEWORKS + gloo, no MPI; GPU operations: $GPU)"
-  PYTHON="$PY" HVDRUNNER_HOROVOD_GPU="$GPU" HVDRUNNER_HOROVOD_FRAMEWORKS="$FRAMEWORKS" \
-    bash "$ROOT/scripts/install_horovod.sh"
+  say "stage 2/3: horovod from source (the framework + gloo, no MPI; GPU operations: $GPU)"
+  PYTHON="$PY" HVDRUNNER_HOROVOD_GPU="$GPU" bash "$ROOT/scripts/install_horovod.sh"
 fi
 
 say "stage 3/3: Spark, Arrow, MLflow, dev tools, hvdrunner ($REQ/stack.txt)"

@@ -110,14 +110,21 @@ def test_the_torch_stack_needs_no_tensorflow_and_horovods_torch_extension_only_t
     engine = evaluate_build(GOOD_TORCH_BUILD | {"torch_ext": False}, env={})
     assert not _failed(engine)
     assert "hvdrunner.hvd_torch" in next(c for c in engine if "PyTorch" in c.name).detail
-    # no horovod at all: fine for PyTorch on the engine, not for TensorFlow
+    # no horovod at all: fine for PyTorch and TensorFlow on the engine (torch installed),
+    # not where the compiled one is asked for, nor for TensorFlow without torch
     bare = {"horovod": None, "tensorflow": None, "torch": "2.13.0+cpu"}
     assert not _failed(evaluate_build(bare, env={}))
     assert _failed(evaluate_build(bare, env=compiled))
-    assert _failed(evaluate_build(bare | {"tensorflow": "2.21.0"}, env={}))
-    # TF installed beside torch: both extensions are required.
-    both = _failed(evaluate_build(GOOD_TORCH_BUILD | {"tensorflow": "2.21.0"}))
-    assert [c.name for c in both] == ["horovod built with TensorFlow"]
+    assert not _failed(evaluate_build(bare | {"tensorflow": "2.21.0"}, env={}))
+    assert _failed(
+        evaluate_build(bare | {"tensorflow": "2.21.0"}, env={"HVDRUNNER_ENGINE": "horovod"})
+    )
+    assert _failed(evaluate_build(bare | {"tensorflow": "2.15.1", "torch": None}, env={}))
+    # TF installed beside torch: the TensorFlow extension only where asked for.
+    both = GOOD_TORCH_BUILD | {"tensorflow": "2.21.0"}
+    assert not _failed(evaluate_build(both))
+    asked = _failed(evaluate_build(both, env={"HVDRUNNER_ENGINE": "horovod"}))
+    assert [c.name for c in asked] == ["horovod built with TensorFlow"]
     # Neither framework: the stack fails naming TensorFlow (and the torch stack).
     none = _failed(evaluate_stack(GOOD_TORCH_STACK | {"torch": None}, env={}))
     assert [c.name for c in none] == ["tensorflow"] and "STACK=torch" in none[0].fix

@@ -29,19 +29,34 @@ def _run(script: Path, env: dict[str, str], *args: str) -> subprocess.CompletedP
 def test_cache_key_names_everything_the_binary_depends_on(tmp_path):
     import importlib.metadata as md
 
-    proc = _run(BUILDER, {"PYTHON": sys.executable, "HVDRUNNER_WHEEL_CACHE": str(tmp_path)},
-                "--print-key")  # fmt: skip
+    env = {"PYTHON": sys.executable, "HVDRUNNER_WHEEL_CACHE": str(tmp_path)}
+    # what the stacks build: TensorFlow only (modern's torch runs on hvdrunner's engine)
+    proc = _run(BUILDER, env | {"HVDRUNNER_HOROVOD_FRAMEWORKS": "tensorflow"}, "--print-key")
     assert proc.returncode == 0, proc.stderr
     key = proc.stdout.strip()
     tf = md.version("tensorflow")
     py = f"py{sys.version_info[0]}{sys.version_info[1]}"
     assert key.startswith(f"horovod-0.28.1-tf{tf}-{py}-cpu-gloo-nompi")
+    # by default, every framework installed gets its extension: torch too where it is here
+    every = _run(BUILDER, env, "--print-key").stdout.strip()
+    torch = _installed_version("torch")
+    assert (f"-torch{torch}-" in every) if torch else every == key
     # the TF >= 2.16 patch is part of the key (a patched build is a different binary)
     assert ("-noxla-" in key) == (compat.generation() == 3 or tf >= "2.16")
 
 
+def _installed_version(name: str) -> str | None:
+    import importlib.metadata as md
+
+    try:
+        return md.version(name).replace("+", "")
+    except md.PackageNotFoundError:
+        return None
+
+
 def test_builder_with_horovod_in_place_only_checks(tmp_path):
-    proc = _run(BUILDER, {"PYTHON": sys.executable, "HVDRUNNER_WHEEL_CACHE": str(tmp_path)})
+    proc = _run(BUILDER, {"PYTHON": sys.executable, "HVDRUNNER_WHEEL_CACHE": str(tmp_path),
+                          "HVDRUNNER_HOROVOD_FRAMEWORKS": "tensorflow"})  # fmt: skip
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "already installed with TensorFlow, gloo and hvdrunner's patches" in proc.stdout
     # TensorFlow's C++ start-up lines (cuDNN factories and the like) are not news here.
@@ -69,7 +84,8 @@ def test_an_installed_horovod_without_the_iface_patch_is_replaced_or_kept_loudly
     from helpers.unpatched_horovod import marker_hidden
 
     env = {"PYTHON": sys.executable, "HVDRUNNER_WHEEL_CACHE": str(tmp_path),
-           "HVDRUNNER_KEEP_INSTALLED_HOROVOD": "1"}  # fmt: skip
+           "HVDRUNNER_KEEP_INSTALLED_HOROVOD": "1",
+           "HVDRUNNER_HOROVOD_FRAMEWORKS": "tensorflow"}  # fmt: skip
     with marker_hidden():
         kept = _run(BUILDER, env)
     assert kept.returncode == 0, kept.stdout + kept.stderr

@@ -107,6 +107,9 @@ def test_the_import_graph_has_no_cycle():
                               "hvdrunner.hvd_torch", "hvdrunner.petastorm", "hvdrunner._launch",
                               "hvdrunner.runner", "hvdrunner.tracking", "hvdrunner.data",
                               "hvdrunner.core")),
+        # horovod.tensorflow's drop-in: the engine's names, Keras optimizers through hvd_keras
+        ("hvdrunner.hvd_tensorflow", ("hvdrunner.torch", "hvdrunner.hvd_torch",
+                                      "hvdrunner._launch", "hvdrunner.runner")),
         # the drop-in is Horovod's names over the engine, nothing else
         ("hvdrunner.hvd_torch", ("hvdrunner.keras", "hvdrunner.torch", "hvdrunner.hvd_keras",
                                  "hvdrunner._launch", "hvdrunner.runner")),
@@ -164,7 +167,8 @@ def test_the_scan_finds_function_local_imports(tmp_path, monkeypatch):
 
 
 #: Framework imports (TensorFlow, Keras, torch and Horovod's layers for them) live in the
-#: adapters: keras/, torch/, hvd_keras.py, and the torch engine (engine/, hvd_torch/). The
+#: adapters: keras/, torch/, hvd_keras.py, and the engine (engine/ with engine/tf/,
+#: hvd_torch/, hvd_tensorflow.py). The
 #: places outside them, and why:
 FRAMEWORK_HOMES = {
     # PreparedData.tf_dataset's feed (a public method of the data handle): TensorFlow is
@@ -196,6 +200,7 @@ def test_frameworks_are_imported_only_in_their_adapters():
         "hvdrunner.hvd_keras",
         "hvdrunner.engine",
         "hvdrunner.hvd_torch",
+        "hvdrunner.hvd_tensorflow",
     )
     outside = {}
     for path in sorted(PKG.rglob("*.py")):

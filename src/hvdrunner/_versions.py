@@ -152,14 +152,23 @@ def torch_engine(env: dict[str, str] | None = None) -> str:
     return ENGINES[_engine_choice(env, (ENGINE_ENV, TORCH_ENGINE_ENV))]["torch"]
 
 
-def tf_engine(env: dict[str, str] | None = None) -> str:
-    """The module that runs Horovod's TensorFlow API here (``HVDRUNNER_ENGINE``).
+def tf_engine(env: dict[str, str] | None = None, has_torch: bool | None = None) -> str:
+    """The module that runs Horovod's TensorFlow API here (``HVDRUNNER_ENGINE``). Unset, it
+    is hvdrunner's engine where torch (its transport) is installed, else a compiled
+    ``horovod.tensorflow`` (the lts stack's: TensorFlow 2.15 without torch).
 
     Example:
-        >>> tf_engine({}), tf_engine({"HVDRUNNER_ENGINE": "horovod"})
+        >>> tf_engine({}, has_torch=True), tf_engine({"HVDRUNNER_ENGINE": "horovod"})
         ('hvdrunner.engine.tf', 'horovod.tensorflow')
+        >>> tf_engine({}, has_torch=False)
+        'horovod.tensorflow'
     """
-    return ENGINES[_engine_choice(env, (ENGINE_ENV,))]["tensorflow"]
+    source = dict(os.environ) if env is None else env
+    choice = _engine_choice(source, (ENGINE_ENV,))
+    if not source.get(ENGINE_ENV, "").strip():
+        torch_here = version("torch") is not None if has_torch is None else has_torch
+        choice = "hvdrunner" if torch_here else "horovod"
+    return ENGINES[choice]["tensorflow"]
 
 
 def framework_env(env: dict[str, str] | None = None) -> dict[str, str]:

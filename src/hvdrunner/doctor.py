@@ -91,7 +91,8 @@ def _framework_check(info: dict[str, Any], name: str, dist: str, fix: str,
 #: What runs without a compiled horovod (doctor's wording, said once).
 ENGINE_NOTE = (
     "; not needed: hvdrunner.keras, hvdrunner.torch and the drop-ins hvdrunner.hvd_keras, "
-    "hvd_tensorflow and hvd_torch run on hvdrunner's engine (torch.distributed); unchanged "
+    "hvdrunner.hvd_tensorflow and hvdrunner.hvd_torch run on hvdrunner's engine "
+    "(torch.distributed); unchanged "
     "`import horovod.tensorflow`/`horovod.torch` code and HVDRUNNER_ENGINE=horovod need it"
 )
 
@@ -115,11 +116,15 @@ def evaluate_build(info: dict[str, Any], env: dict[str, str] | None = None) -> l
     required only with ``HVDRUNNER_ENGINE=horovod`` (``HVDRUNNER_TORCH_ENGINE`` for PyTorch).
     """
     compiled_torch = _versions.torch_engine(env) == _versions.ENGINES["horovod"]["torch"]
-    compiled_tf = _versions.tf_engine(env) == _versions.ENGINES["horovod"]["tensorflow"]
+    compiled_tf = (_versions.tf_engine(env, has_torch=bool(info.get("torch")))
+                   == _versions.ENGINES["horovod"]["tensorflow"])  # fmt: skip
     fix_build = _fix_build(env)
     if not info.get("horovod"):
-        if not (compiled_tf and info.get("tensorflow")) and not (
-            compiled_torch and info.get("torch")
+        frameworks = info.get("tensorflow") or info.get("torch")
+        if (
+            frameworks
+            and not (compiled_tf and info.get("tensorflow"))
+            and not (compiled_torch and info.get("torch"))
         ):
             return [Check("horovod", None, "not installed" + ENGINE_NOTE, required=False)]
         return [Check("horovod", False, "not installed", fix_build)]
@@ -156,21 +161,22 @@ def _mm(version: str) -> tuple[int, int]:
 
 def _framework_checks(tf: str | None, torch: str | None, env: dict[str, str]) -> list[Check]:
     """TensorFlow or torch (the torch stack has no TF): at least one must be there; torch
-    too where TensorFlow runs on hvdrunner's engine (its transport is torch.distributed)."""
-    engine_tf = tf is not None and _versions.tf_engine(env) == _versions.ENGINES["hvdrunner"][
-        "tensorflow"]  # fmt: skip
-    torch_ok: bool | None = True if torch else (False if engine_tf else None)
+    too where ``HVDRUNNER_ENGINE=hvdrunner`` asks for TensorFlow on hvdrunner's engine (its
+    transport is torch.distributed; unset, TensorFlow without torch takes the compiled horovod)."""
+    asked = env.get(_versions.ENGINE_ENV, "").strip().lower() == "hvdrunner"
+    needs_torch = tf is not None and torch is None and asked
+    torch_detail = torch or (
+        "not installed: TensorFlow runs on the compiled horovod here (with torch it runs on "
+        "hvdrunner's engine, nothing compiled)" if tf is not None else
+        "not installed (optional: hvdrunner.torch and horovod.torch need it)")  # fmt: skip
     return [
         Check("tensorflow", tf is not None if torch is None else (tf is not None or None),
               tf or "not installed", "install a supported stack: make env STACK=modern (or "
               "STACK=lts, or STACK=torch for PyTorch)", required=torch is None),
-        Check("torch", torch_ok, torch or (
-            "not installed: hvdrunner's engine runs Horovod's TensorFlow API over "
-            "torch.distributed" if engine_tf else
-            "not installed (optional: hvdrunner.torch and horovod.torch need it)"),
-            "pip install torch (every Databricks ML runtime with TensorFlow ships it), or "
-            "HVDRUNNER_ENGINE=horovod with a horovod compiled for this TensorFlow",
-            required=engine_tf),
+        Check("torch", False if needs_torch else (True if torch else None), torch_detail,
+              "pip install torch (every Databricks ML runtime with TensorFlow ships it): "
+              "HVDRUNNER_ENGINE=hvdrunner runs TensorFlow over torch.distributed",
+              required=needs_torch),
     ]  # fmt: skip
 
 

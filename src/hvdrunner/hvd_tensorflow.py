@@ -54,6 +54,8 @@ def DistributedOptimizer(optimizer: Any, name: str | None = None, use_locking: b
     """
     import tensorflow as tf
 
+    # Imported when used: hvd_keras binds Horovod's names of Keras' backend at import, which a
+    # plain TensorFlow user of this module may never configure.
     from hvdrunner import hvd_keras
 
     if isinstance(optimizer, tf.compat.v1.train.Optimizer):

@@ -221,15 +221,18 @@ def broadcast_group(tensors: Sequence[Any], root_rank: int, names: Sequence[str 
 
 def broadcast_(variables: Sequence[Any], root_rank: int, name: str | None = None,
                process_set: ProcessSet = global_process_set) -> list[tf.Tensor]:  # fmt: skip
-    """Overwrite ``variables`` with ``root_rank``'s values, in place; their new values."""
+    """Overwrite ``variables`` (``tf.Variable`` or Keras 3 variables) with ``root_rank``'s
+    values, in place; their new values."""
     variables = list(variables)
     eager = tf.executing_eagerly()
+    base = name or "HorovodBroadcastInplace"
     names = [None if eager and name is None else
-             f"{name or 'HorovodBroadcastInplace'}_{_normalize_name(v.name)}"
-             for v in variables]  # fmt: skip
-    values = broadcast_group([v.read_value() for v in variables], root_rank, names, process_set)
+             f"{base}_{i}_{_normalize_name(str(getattr(v, 'path', None) or v.name))}"
+             for i, v in enumerate(variables)]  # fmt: skip
+    values = broadcast_group([tf.convert_to_tensor(v) for v in variables], root_rank, names,
+                             process_set)  # fmt: skip
     assigns = [v.assign(x) for v, x in zip(variables, values, strict=True)]
-    with tf.control_dependencies(assigns):
+    with tf.control_dependencies([a for a in assigns if a is not None] if not eager else []):
         return [tf.identity(x) for x in values]
 
 
