@@ -58,7 +58,8 @@ def _job(python: Path, out: Path, cache: Path, *extra: str, path: str | None = N
 
 def _cached_wheel_dir(python: Path) -> Path:
     key = subprocess.run(["bash", str(BUILDER), "--print-key"], capture_output=True, text=True,
-                         env={**os.environ, "PYTHON": str(python)}).stdout.strip()  # fmt: skip
+                         env={**os.environ, "PYTHON": str(python),
+                              "HVDRUNNER_HOROVOD_FRAMEWORKS": "tensorflow"}).stdout.strip()  # fmt: skip
     cache = Path(os.path.expanduser("~/.cache/hvdrunner/wheels"))
     if not list((cache / key).glob("horovod-*.whl")):
         pytest.fail(f"no cached wheel for {key} in {cache}: the stack's setup builds it there")

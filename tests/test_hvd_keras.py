@@ -418,6 +418,10 @@ HOROVOD_ANSWERS = {
 
 
 def _engine_nccl() -> int | bool:
+    from hvdrunner import _versions
+
+    if _versions.version("torch") is None:  # TensorFlow without torch: the compiled horovod
+        return False
     from hvdrunner.engine import build_info
 
     return build_info.nccl_built() or False

@@ -142,6 +142,8 @@ import horovod.keras as hvd
 import horovod.tensorflow.keras
 from horovod.tensorflow.keras import DistributedOptimizer
 import os, horovod.torch as hvd
+import horovod.tensorflow as hvd_tf
+from horovod.tensorflow import DistributedGradientTape
 import horovod.spark
 dbutils.library.installPyPI("horovod", version="0.28.1")
 
@@ -165,6 +167,9 @@ EXPECTED = {
     "from horovod.tensorflow.keras import DistributedOptimizer":
         "from hvdrunner.hvd_keras import DistributedOptimizer",
     "import os, horovod.torch as hvd": "import os, hvdrunner.hvd_torch as hvd",
+    "import horovod.tensorflow as hvd_tf": "import hvdrunner.hvd_tensorflow as hvd_tf",
+    "from horovod.tensorflow import DistributedGradientTape":
+        "from hvdrunner.hvd_tensorflow import DistributedGradientTape",
     "    import horovod.tensorflow.keras as hvd  # inside a function":
         "    import hvdrunner.hvd_keras as hvd  # inside a function",
 }  # fmt: skip

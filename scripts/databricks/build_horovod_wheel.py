@@ -242,6 +242,8 @@ def build(args: argparse.Namespace) -> tuple[str, dict[str, str]]:
     env = dict(
         os.environ, PYTHON=python, HVDRUNNER_WHEEL_CACHE=args.cache, HVDRUNNER_HOROVOD_GPU=args.gpu
     )
+    # The wheel is for TensorFlow (the runtime's torch runs on hvdrunner's engine)
+    env.setdefault("HVDRUNNER_HOROVOD_FRAMEWORKS", "tensorflow")
     if args.cuda_archs:
         env["HVDRUNNER_CUDA_ARCHS"] = args.cuda_archs
     # The interpreter's own bin first: a cmake installed from PyPI lands there.

@@ -80,7 +80,7 @@ __all__ = [
 def init(*args: Any, **kwargs: Any) -> None:
     """Horovod's ``init`` (``horovod.tensorflow``'s or ``horovod.torch``'s, by Keras' backend)."""
     compat.check_backend()
-    _hvd.init(*args, **kwargs)
+    backend.init(*args, **kwargs)
 
 
 def DistributedOptimizer(  # noqa: N802 - Horovod's name

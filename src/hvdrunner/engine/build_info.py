@@ -11,7 +11,7 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
-from hvdrunner.engine import state, timeline
+from hvdrunner.engine import state, timeline, world
 
 
 def gloo_built() -> bool:
@@ -25,7 +25,7 @@ def gloo_enabled() -> bool:
 def nccl_built() -> int:
     """NCCL's version number where torch has NCCL (as Horovod reports it), else 0."""
     if (
-        not (torch.cuda.is_available() or torch.backends.cuda.is_built())
+        not (world.cuda_available() or torch.backends.cuda.is_built())
         or not dist.is_nccl_available()
     ):
         return 0

@@ -26,6 +26,7 @@ import datetime
 import os
 import socket
 import time
+import warnings
 from collections.abc import Mapping
 from dataclasses import dataclass
 
@@ -235,9 +236,17 @@ def init_timeout() -> float:
 STORES = _Stores()
 
 
+def cuda_available() -> bool:
+    """``torch.cuda.is_available()``, without the warning a CUDA build of torch prints on a
+    machine with no GPU driver (every CPU node of a runtime that ships CUDA torch)."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="CUDA initialization", category=UserWarning)
+        return bool(torch.cuda.is_available())
+
+
 def data_backend() -> str:
     """gloo for CPU tensors, NCCL for CUDA tensors where torch has both."""
-    if torch.cuda.is_available() and dist.is_nccl_available():
+    if cuda_available() and dist.is_nccl_available():
         return "cpu:gloo,cuda:nccl"
     return "gloo"
 

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import functools
 import importlib
+import sys
 from collections.abc import Sequence
 from types import ModuleType
 from typing import Any
@@ -90,8 +91,29 @@ def horovod() -> ModuleType:
     """Horovod's PyTorch or TensorFlow API, matching Keras' backend: hvdrunner's engine, or
     the compiled ``horovod.torch``/``horovod.tensorflow`` (``HVDRUNNER_ENGINE=horovod``)."""
     # hvdrunner's engine unless HVDRUNNER_ENGINE=horovod
-    engine = _versions.torch_engine() if is_torch() else _versions.tf_engine()
-    return importlib.import_module(engine)
+    if is_torch():
+        return importlib.import_module(_versions.torch_engine())
+    module = importlib.import_module(_versions.tf_engine())
+    # Unchanged Horovod Keras code (tf_keras mode) initialises the compiled horovod itself:
+    # hvdrunner's helpers then use the Horovod the rank's code initialised.
+    compiled = sys.modules.get("horovod.tensorflow")
+    if compiled is None or compiled is module or module.is_initialized():
+        return module
+    return compiled if compiled.is_initialized() else module
+
+
+def init(*args: Any, **kwargs: Any) -> None:
+    """``hvd.init()`` of this backend's Horovod; and of the compiled ``horovod.tensorflow`` too
+    where the rank's code imported it beside the engine (a callback or a helper calling
+    ``horovod.tensorflow`` directly, as Horovod Keras code often does): it keeps working
+    instead of failing with "Horovod has not been initialized"."""
+    hvd = horovod()
+    hvd.init(*args, **kwargs)
+    compiled = sys.modules.get("horovod.tensorflow")
+    if compiled is None or compiled is hvd or is_torch():
+        return
+    if not compiled.is_initialized():
+        compiled.init()
 
 
 def keras_module() -> ModuleType:
@@ -197,6 +219,7 @@ __all__ = [
     "check",
     "compression",
     "horovod",
+    "init",
     "is_torch",
     "keras_module",
     "name",

@@ -144,7 +144,7 @@ def _init_horovod(cfg: FitConfig) -> Any:
     horovod_env(cfg, hvd.is_initialized())
     if backend.is_torch():  # the gradients go out as one grouped request per step
         _horovod_knobs.for_grouped_requests()
-    hvd.init()
+    backend.init()
     if backend.is_torch():
         import torch
 

@@ -44,6 +44,12 @@ _TORCH = (
     "hvdrunner.hvd_torch: Horovod's PyTorch API on torch.distributed (gloo, NCCL), the same "
     "names, nothing compiled",
 )
+_TF = (
+    "horovod.tensorflow (a horovod compiled for this TensorFlow: 0.28.1 does not build for "
+    "TF >= 2.16 unpatched)",
+    "hvdrunner.hvd_tensorflow: Horovod's TensorFlow API on hvdrunner's engine "
+    "(torch.distributed), the same names, nothing compiled",
+)
 _SPEC = (
     "petastorm.TransformSpec (decoding on the ranks)",
     "hvdrunner.petastorm.TransformSpec: the same arguments, honoured by make_tf_dataset and "
@@ -62,6 +68,7 @@ FROM: dict[str, DropIn] = {
     ),  # fmt: skip
     "horovod.tensorflow.keras": DropIn("hvdrunner.hvd_keras", *_KERAS),
     "horovod.keras": DropIn("hvdrunner.hvd_keras", *_KERAS),
+    "horovod.tensorflow": DropIn("hvdrunner.hvd_tensorflow", *_TF),
     "horovod.torch": DropIn("hvdrunner.hvd_torch", *_TORCH),
     "horovod.torch.elastic": DropIn("hvdrunner.hvd_torch.elastic", *_TORCH),
     "petastorm": DropIn("hvdrunner.petastorm", *_SPEC, frozenset({"TransformSpec"})),
@@ -73,6 +80,7 @@ FROM: dict[str, DropIn] = {
 IMPORT_AS: dict[str, DropIn] = {
     "horovod.tensorflow.keras": DropIn("hvdrunner.hvd_keras", *_KERAS),
     "horovod.keras": DropIn("hvdrunner.hvd_keras", *_KERAS),
+    "horovod.tensorflow": DropIn("hvdrunner.hvd_tensorflow", *_TF),
     "horovod.torch": DropIn("hvdrunner.hvd_torch", *_TORCH),
 }
 
@@ -88,6 +96,9 @@ def no_drop_in(module: str) -> tuple[str, str]:
         )
     if module.startswith(("horovod.tensorflow.keras", "horovod.keras")):
         return (_KERAS[0], "import hvdrunner.hvd_keras as hvd, and call hvd.<name> where the "
+                "code names horovod's module")  # fmt: skip
+    if module.startswith("horovod.tensorflow"):
+        return (_TF[0], "import hvdrunner.hvd_tensorflow as hvd, and call hvd.<name> where the "
                 "code names horovod's module")  # fmt: skip
     if module.startswith("horovod.torch"):
         return (_TORCH[0], "import hvdrunner.hvd_torch as hvd, and call hvd.<name> where the "
