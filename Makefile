@@ -105,7 +105,8 @@ else
 	$(PY) benchmarks/synthetic_resnet50.py  # Horovod's ResNet-50 protocol: HorovodRunner, horovodrun
 	$(PY) benchmarks/image_feed.py      # images decoded on the ranks; vs real petastorm on lts
 ifeq ($(STACK),modern)
-	$(PY) benchmarks/tf_distribute_comparison.py  # Keras: fit, the recipe, MirroredStrategyRunner
+	$(PY) benchmarks/tf_distribute_comparison.py  # Keras: fit (engine, compiled), the recipe, MirroredStrategyRunner
+	$(PY) benchmarks/tf_engine_latency.py        # one small allreduce in tf.function: the engine vs the compiled op
 	$(PY) benchmarks/ring_model.py --hosts 3  # needs root: 4..32 hosts on paper, checked on 3 netns hosts
 endif
 endif
