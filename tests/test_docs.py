@@ -320,7 +320,7 @@ def test_the_dates_beside_benchmark_tables_are_their_results_dates():
     for line, _, _, before in _tables((ROOT / "docs" / "benchmarks.md").read_text()):
         # the paragraph that names the table's results file, and what follows it: earlier
         # paragraphs since the last table belong to other measurements
-        before = before[before.rfind("\n\n", 0, max(before.rfind("benchmarks/results/"), 0)) + 1:]
+        before = before[before.rfind("\n\n", 0, max(before.rfind("benchmarks/results/"), 0)) + 1 :]
         dates = set(re.findall(r"20\d\d-\d\d-\d\d", before))
         names = re.findall(r"benchmarks/results/([\w<>.-]+\.json)", before)
         files = [
