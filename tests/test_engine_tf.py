@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from helpers import digits as digit_data
-from helpers.docblocks import block
+from helpers.docblocks import block, run_with_last_line
 from helpers.engine_jobs import battery
 from hvdrunner import HorovodRunner
 
@@ -91,9 +91,6 @@ def test_tf1_optimizers_are_refused_with_the_way_out():
 @pytest.mark.timeout(300)
 def test_the_docs_recipe_runs_as_written(spark):
     """docs/tensorflow.md's one-changed-import recipe, executed verbatim on 2 barrier tasks."""
-    body, last = block("tensorflow.md", "one-import").rstrip().rsplit("\n", 1)
-    namespace = {"__name__": "docs_example"}
-    exec(compile(body, "docs/tensorflow.md", "exec"), namespace)  # noqa: S102 - the doc under test
+    last, loss = run_with_last_line(block("tensorflow.md", "one-import"), "tensorflow.md")
     assert last == "HorovodRunner(np=2).run(train)"
-    loss = eval(compile(last, "docs/tensorflow.md", "eval"), namespace)  # noqa: S307
     assert 0 < loss < 1.0  # ln 3 = 1.10 untrained

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from helpers.docblocks import block
+from helpers.docblocks import block, run_with_last_line
 from helpers.engine_jobs import battery, torchrun, without_horovod_env
 from hvdrunner import HorovodRunner
 
@@ -113,11 +113,8 @@ def test_the_recipe_on_the_engine_matches_compiled_horovod_bit_for_bit():
 
 def test_the_docs_recipe_runs_as_written(spark):
     # docs/pytorch.md's one-changed-import recipe, executed verbatim on 2 barrier tasks.
-    body, last = block("pytorch.md", "one-import").rstrip().rsplit("\n", 1)
-    namespace = {"__name__": "docs_example"}
-    exec(compile(body, "docs/pytorch.md", "exec"), namespace)  # noqa: S102 - the doc under test
+    last, loss = run_with_last_line(block("pytorch.md", "one-import"), "pytorch.md")
     assert last == "HorovodRunner(np=2).run(train)"
-    loss = eval(compile(last, "docs/pytorch.md", "eval"), namespace)  # noqa: S307
     assert 0 < loss < 1.0  # ln 3 = 1.10 untrained
 
 

@@ -30,6 +30,15 @@ def block(page: str, block_id: str) -> str:
     return found[2]
 
 
+def run_with_last_line(code: str, page: str) -> tuple[str, object]:
+    """Run a block's ``code`` as a module ``docs_example`` would: everything but its last line
+    executed, the last line evaluated; ``(last line, its value)``."""
+    body, last = code.rstrip().rsplit("\n", 1)
+    namespace: dict[str, object] = {"__name__": "docs_example"}
+    exec(compile(body, f"docs/{page}", "exec"), namespace)  # noqa: S102 - the doc under test
+    return last, eval(compile(last, f"docs/{page}", "eval"), namespace)  # noqa: S307
+
+
 def run_as_notebook(code: str, page: str, **names: object) -> dict[str, object]:
     """Run a block as a notebook cell runs it (module ``__main__``, the notebook's globals in
     ``names``: ``spark``, the frames...); its namespace after the run. A Petastorm-style block

@@ -102,7 +102,7 @@ class DistributedGradientTape:
         true_op, pre, post = (ops.Sum, 1.0 / predivide, predivide / n) if predivide != 1.0 \
             else (op, 1.0, 1.0)  # fmt: skip
         sparse = [i for i in shared if isinstance(out[i], tf.IndexedSlices)]
-        dense = [i for i in shared if i not in set(sparse)]
+        dense = [i for i in shared if not isinstance(out[i], tf.IndexedSlices)]
         for i in sparse:
             out[i] = collectives.allreduce(out[i], op=op, process_set=process_set)
         plan = _groups(len(dense), num_groups, groups, [sources[i] for i in dense])
