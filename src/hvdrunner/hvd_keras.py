@@ -245,17 +245,21 @@ def load_model(
 
 
 class _Elastic:
-    """``hvd.elastic``: elastic training is not supported; the attribute access says why."""
+    """``hvd.elastic``: :mod:`hvdrunner.keras.elastic` where Keras trains on TensorFlow over
+    hvdrunner's engine; elsewhere the attribute access says what to use."""
 
     def __getattr__(self, name: str) -> Any:
+        if not backend.is_torch() and _hvd.__name__.startswith("hvdrunner."):
+            import hvdrunner.keras.elastic as keras_elastic  # imports Keras: on first use
+
+            return getattr(keras_elastic, name)
         raise NotImplementedError(
-            f"hvd_keras.elastic.{name}: elastic Horovod (ranks joining and leaving a running "
-            f"job) is not supported for Keras by HorovodRunner, whose Spark barrier stage has a "
-            f"fixed size (Keras 3 has no Horovod elastic layer; PyTorch's hvd.elastic.TorchState "
-            f"resumes from its last commit). Use restarts and checkpoints instead: "
-            f"HorovodRunner(max_restarts=N) starts the job again after a lost rank or host, and "
-            f"hvdrunner.keras.fit(checkpoint_dir=...) resumes from the newest intact checkpoint "
-            f"(help(hvdrunner.HorovodRunner), max_restarts)."
+            f"hvd_keras.elastic.{name}: Horovod's elastic Keras API runs on TensorFlow over "
+            f"hvdrunner's engine (the default where torch is installed), not on "
+            f"{_hvd.__name__}. Unset HVDRUNNER_ENGINE=horovod, or use restarts and "
+            f"checkpoints: HorovodRunner(max_restarts=N) starts the job again after a lost "
+            f"rank or host, and hvdrunner.keras.fit(checkpoint_dir=...) resumes from the "
+            f"newest intact checkpoint."
         )
 
 

@@ -10,6 +10,8 @@ implementation is :mod:`hvdrunner.engine.tf`. ``DistributedOptimizer`` takes Ker
 (Keras 2 and 3: :func:`hvdrunner.hvd_keras.DistributedOptimizer`); TensorFlow 1's
 ``tf.compat.v1.train`` optimizers are refused with the way out. It runs under HorovodRunner,
 ``horovodrun``-style environments (``HOROVOD_RANK``...) and torch's (``torchrun``).
+``elastic`` (:mod:`hvdrunner.engine.tf.elastic`) resumes ``@hvd.elastic.run`` code from its
+last commit when HorovodRunner restarts a job; ``SyncBatchNormalization`` is Horovod's layer.
 
 Example:
     >>> import hvdrunner.hvd_tensorflow as hvd
@@ -24,6 +26,7 @@ from typing import Any
 
 from hvdrunner.engine.tf import *  # noqa: F403 - the drop-in is exactly the engine's names
 from hvdrunner.engine.tf import __all__ as _engine_names
+from hvdrunner.engine.tf import elastic
 from hvdrunner.engine.tf.compression import Compression
 from hvdrunner.engine.tf.ops import Average
 
@@ -31,11 +34,6 @@ V1_OPTIMIZER = (
     "hvd.DistributedOptimizer({cls}): TensorFlow 1's tf.compat.v1.train optimizers are not "
     "supported by hvdrunner's engine. Use a Keras optimizer (tf.keras.optimizers.*), or "
     "compute gradients with hvd.DistributedGradientTape and apply them yourself."
-)
-ELASTIC = (
-    "hvd_tensorflow.elastic.{name}: elastic Horovod for TensorFlow is not supported by "
-    "hvdrunner's engine yet. Use HorovodRunner(max_restarts=N) with checkpoints "
-    "(hvdrunner.keras.fit(checkpoint_dir=...)) to outlive a lost rank or host."
 )
 
 
@@ -70,13 +68,13 @@ def DistributedOptimizer(optimizer: Any, name: str | None = None, use_locking: b
         groups=groups, scale_local_gradients=scale_local_gradients, **kwargs)  # fmt: skip
 
 
-class _Elastic:
-    """``hvd.elastic``: not on the engine yet; the attribute access says what to use."""
+def __getattr__(name: str) -> Any:
+    # SyncBatchNormalization subclasses tf.keras' layer: Keras is imported on first use only.
+    if name == "SyncBatchNormalization":
+        from hvdrunner.engine.tf.sync_batch_norm import SyncBatchNormalization
 
-    def __getattr__(self, name: str) -> Any:
-        raise NotImplementedError(ELASTIC.format(name=name))
+        return SyncBatchNormalization
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
-elastic = _Elastic()
-
-__all__ = [*_engine_names, "DistributedOptimizer", "elastic"]
+__all__ = [*_engine_names, "DistributedOptimizer", "SyncBatchNormalization", "elastic"]  # noqa: F405

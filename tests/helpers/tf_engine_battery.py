@@ -8,6 +8,7 @@ rank writes ``OUT/rank<r>.json``: every case's name and ``"ok"`` or what went wr
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import sys
@@ -197,6 +198,34 @@ def mismatches_fail_on_every_rank_never_hang() -> None:
     )
     raises(NotImplementedError, lambda: hvd.allreduce(tf.ones([2]), op=hvd.Adasum))
     assert hvd.allreduce(tf.constant([1.0]), op=hvd.Sum).numpy().tolist() == [float(N)]
+
+
+@case
+def sync_batch_norm_is_one_batch_norm_over_every_ranks_batch() -> None:
+    """Outputs, moving statistics and input gradients as Keras' BatchNormalization over the
+    ranks' batches stacked (the allreduce's gradient sums the other ranks' share back)."""
+    batches = [data(r, tf.float32, (4, 3)) * (r + 1) for r in range(N)]
+    weights = [data(r + 7, tf.float32, (4, 3)) for r in range(N)]
+    for mode, wrap in MODES.items():
+        sync = hvd.SyncBatchNormalization(momentum=0.5)
+        plain = tf.keras.layers.BatchNormalization(momentum=0.5)
+        x_mine, x_all = tf.constant(batches[R]), tf.constant(np.concatenate(batches))
+
+        def step(layer, x, w):
+            with tf.GradientTape() as tape:
+                tape.watch(x)
+                out = layer(x, training=True)
+                loss = tf.reduce_sum(out * w)
+            return out, tape.gradient(loss, x)
+
+        out, grad = wrap(functools.partial(step, sync, x_mine, tf.constant(weights[R])))()
+        ref_out, ref_grad = step(plain, x_all, tf.constant(np.concatenate(weights)))
+        rows = slice(4 * R, 4 * R + 4)
+        np.testing.assert_allclose(out.numpy(), ref_out.numpy()[rows], atol=1e-5, err_msg=mode)
+        np.testing.assert_allclose(grad.numpy(), ref_grad.numpy()[rows], atol=1e-5, err_msg=mode)
+        for mine, theirs in ((sync.moving_mean, plain.moving_mean),
+                             (sync.moving_variance, plain.moving_variance)):  # fmt: skip
+            np.testing.assert_allclose(np.asarray(mine), np.asarray(theirs), rtol=1e-5)
 
 
 @case

@@ -10,6 +10,7 @@ each step reduces once.
 
 from __future__ import annotations
 
+from types import SimpleNamespace
 from typing import Any
 
 from hvdrunner.core.settings import check_passes
@@ -140,6 +141,7 @@ def _reduce_and_apply(
             [apply(allreduce_gradients(summed, opt._hvdrunner_compression, local, scale))]
         ):
             resets = [acc.assign(tf.zeros_like(acc)) for acc in accs if acc is not None]
+            resets.append(counter.assign(0))  # passes since the last exchange, as Horovod's
         with tf.control_dependencies(resets):
             return tf.constant(True)
 
@@ -190,6 +192,8 @@ def _subclass(base: type, keras3: bool) -> type:
         def apply_gradients(self: Any, grads_and_vars: Any, *args: Any, **kwargs: Any) -> Any:
             pairs = list(grads_and_vars)
             variables = [v for _, v in pairs]
+            if _reduced_already(self, [g for g, _ in pairs]):
+                return base.apply_gradients(self, pairs, *args, **kwargs)  # type: ignore[attr-defined]
 
             def update(reduced: list[Any]) -> Any:
                 return base.apply_gradients(  # type: ignore[attr-defined]
@@ -198,11 +202,34 @@ def _subclass(base: type, keras3: bool) -> type:
 
             return _reduce_and_apply(self, [g for g, _ in pairs], update, variables)
 
-        methods = {"apply_gradients": apply_gradients}
+        def _compute_gradients(self: Any, loss: Any, var_list: Any, grad_loss: Any = None,
+                               tape: Any = None) -> list[Any]:  # fmt: skip
+            """Horovod's ``_compute_gradients``: the gradients averaged over ranks (local
+            variables' kept), which ``apply_gradients`` then applies as they are. With
+            ``backward_passes_per_step > 1`` this rank's own: ``apply_gradients``
+            accumulates and exchanges them."""
+            parent: Any = base
+            if hasattr(parent, "_compute_gradients"):  # Keras 2's legacy optimizers
+                pairs = parent._compute_gradients(self, loss, var_list, grad_loss, tape)
+            else:
+                pairs = parent.compute_gradients(self, loss, var_list, tape=tape)
+            pairs = list(pairs)
+            if self._hvdrunner_passes > 1:
+                return pairs
+            variables = [v for _, v in pairs]
+            reduced = allreduce_gradients(
+                [g for g, _ in pairs], self._hvdrunner_compression, _local_mask(self, variables),
+                self.__dict__.get("_hvdrunner_scale_local", True),
+            )  # fmt: skip
+            self.__dict__["_hvdrunner_reduced"] = {id(g) for g in reduced if g is not None}
+            return list(zip(reduced, variables, strict=True))
+
+        methods = {"apply_gradients": apply_gradients, "_compute_gradients": _compute_gradients}
     # Same name and module as the base: a saved model (with its optimizer) deserializes as
     # the plain optimizer wherever hvdrunner/horovod are absent.
     methods.update({"__module__": base.__module__, "__qualname__": base.__qualname__, _MARK: True,
-                    "register_local_var": _register_local_var})  # fmt: skip
+                    "register_local_var": _register_local_var,
+                    "_agg_helper": property(_aggregation)})  # fmt: skip
     return type(base.__name__, (base,), methods)
 
 
@@ -259,6 +286,21 @@ def distribute(
     optimizer._hvdrunner_scale_local = bool(scale_local_gradients)
     optimizer.__class__ = _subclass(type(optimizer), keras3)
     return optimizer
+
+
+def _reduced_already(opt: Any, grads: list[Any]) -> bool:
+    """Whether ``grads`` are what ``_compute_gradients`` returned averaged (then applied as
+    they are, not averaged twice)."""
+    done = opt.__dict__.pop("_hvdrunner_reduced", None)
+    present = [g for g in grads if g is not None]
+    return bool(done) and bool(present) and all(id(g) in done for g in present)
+
+
+def _aggregation(self: Any) -> Any:
+    """Horovod's ``_agg_helper``: its ``counter`` is the backward passes accumulated since
+    the last exchange (``None`` before the first pass, or with one pass per step)."""
+    state = self.__dict__.get("_hvdrunner_acc")
+    return None if state is None else SimpleNamespace(counter=state[0])
 
 
 def _register_local_var(self: Any, var: Any) -> None:

@@ -37,6 +37,9 @@ ALIGNMENT = 64  # bytes: Eigen's EIGEN_MAX_ALIGN_BYTES in TensorFlow's CPU kerne
 #: Types Horovod moves (allgather, broadcast, alltoall) that torch.distributed lacks: sent as
 #: the signed type of the same width. Reductions refuse them (the engine sees int16).
 _LAST: weakref.WeakKeyDictionary[Any, Any] = weakref.WeakKeyDictionary()
+#: The engine's last lost-peer error: a graph's ``tf.py_function`` turns it into an
+#: ``UnknownError`` like any other, so ``hvd.elastic.run`` asks here, not the message.
+_LOST: list[BaseException] = []
 BITS_AS = {tf.uint16: tf.int16, tf.uint32: tf.int32, tf.uint64: tf.int64}
 
 
@@ -87,12 +90,24 @@ def tf_error(exc: BaseException) -> BaseException:
     message = str(exc)
     cause = exc.__cause__ if isinstance(exc, HorovodInternalError) else exc
     if isinstance(cause, HorovodInternalError):  # a peer lost, or the engine shut down
+        _LOST[:] = [cause]
         return tf.errors.UnknownError(None, None, message)
     if isinstance(cause, RuntimeError):  # the ranks disagreed: every rank has this error
         return tf.errors.FailedPreconditionError(None, None, message)
     if isinstance(cause, ValueError | TypeError):
         return tf.errors.InvalidArgumentError(None, None, message)
     return exc
+
+
+def peer_lost() -> BaseException | None:
+    """The engine's error for a lost peer since the last :func:`forget_lost_peer` (or
+    ``None``)."""
+    return _LOST[0] if _LOST else None
+
+
+def forget_lost_peer() -> None:
+    """The job was re-formed (``hvd.elastic``'s reset): a new loss is a new error."""
+    _LOST.clear()
 
 
 def _call(engine: Engine, inputs: Sequence[tf.Tensor], dtypes: Sequence[tf.DType] | None,

@@ -83,6 +83,17 @@ class DistributedGradientTape:
         reduced = self._reduce(list(flat), flat_sources)
         return tf.nest.pack_sequence_as(grads, reduced)
 
+    def get_local_and_global_gradients(self, target: Any, sources: Any,
+                                       output_gradients: Any = None,
+                                       use_generic_names: bool = False) -> tuple[list, list]:  # fmt: skip
+        """Horovod's split of :meth:`gradient`: ``([(local source, its gradient)...],
+        [(other source, averaged gradient)...])``, each in the order of ``sources``."""
+        sources = list(sources)
+        grads = self.gradient(target, sources, output_gradients)
+        pairs = list(zip(sources, grads, strict=True))
+        return ([p for p in pairs if id(p[0]) in self._local],
+                [p for p in pairs if id(p[0]) not in self._local])  # fmt: skip
+
     def _reduce(self, grads: list[Any], sources: list[Any]) -> list[Any]:
         (compression, sparse_as_dense, op, predivide, num_groups, groups, process_set,
          scale_local) = self._options  # fmt: skip
