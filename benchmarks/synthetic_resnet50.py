@@ -13,7 +13,7 @@ the batch 8 per rank (the examples: 224 x 224, batch 32 on a GPU). Batch norm is
 own (the PyTorch example uses ``hvd.SyncBatchNorm``; torch's own SyncBatchNorm, which DDP
 would use, runs only on GPUs).
 
-The same step runs under three launchers, 1 and 2 ranks, interleaved rep by rep:
+The same step runs under these launchers, 1 and 2 ranks, interleaved rep by rep:
 
 - ``horovodrunner``: ``HorovodRunner(np=N)`` on ``local[2]`` Spark barrier tasks, with the
   Horovod settings it gives its ranks by default (``HOROVOD_IDLE_WAIT_MS=20`` with the
@@ -24,7 +24,9 @@ The same step runs under three launchers, 1 and 2 ranks, interleaved rep by rep:
   docs use: it must cost no throughput next to HorovodRunner);
 - ``horovodrunner_buckets`` (torch only): HorovodRunner, the loop with the two-line change
   that gives it ``hvdrunner.torch.fit``'s exchange (DDP-like buckets + the idle-wait patch);
-- ``ddp`` (torch only): the same loop with ``DistributedDataParallel`` under ``torchrun``.
+- ``ddp`` (torch only): the same loop with ``DistributedDataParallel`` under ``torchrun``;
+- ``horovodrunner_engine`` (TensorFlow only): HorovodRunner, the loop's one import changed to
+  ``hvdrunner.hvd_tensorflow`` (Horovod's TensorFlow API on hvdrunner's engine).
 
 On the modern stack the TF loop runs in tf_keras mode (``TF_USE_LEGACY_KERAS=1``):
 ``horovod.tensorflow.DistributedGradientTape`` fails on Keras 3 variables (``'Variable' object
@@ -150,10 +152,15 @@ def torch_step(ddp: bool = False, buckets: bool = False, stock: bool = False) ->
     return out
 
 
-def tf_step() -> dict:
-    """One rank of the benchmark in TensorFlow 2 (a tf.function step, ``DistributedGradientTape``)."""
-    import horovod.tensorflow as hvd
+def tf_step(module: str = "horovod.tensorflow") -> dict:
+    """One rank of the benchmark in TensorFlow 2 (a tf.function step, ``DistributedGradientTape``)
+    on ``module``: the compiled ``horovod.tensorflow`` or hvdrunner's engine
+    (``hvdrunner.hvd_tensorflow``)."""
+    import importlib
+
     import tensorflow as tf
+
+    hvd = importlib.import_module(module)
 
     hvd.init()
     threads = max(1, (os.cpu_count() or 1) // hvd.local_size())
@@ -235,6 +242,9 @@ def main() -> None:
         "horovodrun": lambda n: _external([str(bindir / "horovodrun"), "--gloo", "-np", str(n),
                                            "-H", f"localhost:{n}", sys.executable, __file__]),
     }  # fmt: skip
+    if stack() == "modern":  # the same loop on hvdrunner's engine (nothing compiled)
+        launchers["horovodrunner_engine"] = lambda n: HorovodRunner(np=n).run(
+            fn, module="hvdrunner.hvd_tensorflow")  # fmt: skip
     if stack() == "torch":
         launchers["horovodrunner_stock"] = lambda n: HorovodRunner(np=n).run(fn, stock=True)
         launchers["horovodrunner_buckets"] = lambda n: HorovodRunner(np=n).run(fn, buckets=True)
@@ -271,6 +281,10 @@ def main() -> None:
             / table["horovodrun"]["np2_img_sec_per_rank"], 3),
         **context(),
     }  # fmt: skip
+    if "horovodrunner_engine" in table:
+        out["engine_vs_compiled_np2"] = round(
+            table["horovodrunner_engine"]["np2_img_sec_per_rank"]
+            / table["horovodrunner"]["np2_img_sec_per_rank"], 3)  # fmt: skip
     if keras3 is not None:
         out["keras"] = "tf_keras (TF_USE_LEGACY_KERAS=1)"
         out["unchanged_loop_under_keras3"] = keras3

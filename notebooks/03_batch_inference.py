@@ -19,11 +19,12 @@
 
 # hvdrunner on this cluster: the bundle's jobs attach it as a task library. Opened by hand,
 # install it first in a cell above this one (docs/install.md), then run the notebook:
-#   Keras on TensorFlow - the wheels hvdrunner_build_horovod publishes once per runtime:
-#     %pip install -r /Volumes/<catalog>/<schema>/hvdrunner/wheels/<runtime>/requirements.txt
-#     dbutils.library.restartPython()
-#   PyTorch, Keras on PyTorch - hvdrunner's wheel alone, nothing compiled:
+#   Keras (on TensorFlow or PyTorch), PyTorch - hvdrunner's wheel alone, nothing compiled:
 #     %pip install /Volumes/<catalog>/<schema>/hvdrunner/hvdrunner-0.2.0-py3-none-any.whl
+#     dbutils.library.restartPython()
+#   on a compiled horovod instead (HVDRUNNER_ENGINE=horovod), the wheels hvdrunner_build_horovod
+#   publishes once per runtime:
+#     %pip install -r /Volumes/<catalog>/<schema>/hvdrunner/wheels/<runtime>/requirements.txt
 #     dbutils.library.restartPython()
 # then check it in a Python cell: import hvdrunner.doctor; hvdrunner.doctor.check()
 try:

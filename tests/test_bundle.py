@@ -21,7 +21,7 @@ from helpers.repo_copy import copy_repository
 
 ROOT = Path(__file__).resolve().parents[1]
 VALIDATOR = ROOT.parent / "shared" / "tools" / "validate_bundle.py"
-TARGETS = ("dev", "keras_on_torch", "lts", "prod")
+TARGETS = ("dev", "compiled", "keras_on_torch", "lts", "prod")
 USER = "first.last@example.com"
 WHEEL = re.compile(r"horovod-0\.28\.1-(cp3\d+)-\1-linux_x86_64\.whl")
 #: What a user passes (BUNDLE_VAR_catalog / --var): catalog and schema have no default.
@@ -134,12 +134,12 @@ def test_catalog_and_schema_are_required_and_every_volume_path_derives_from_them
 
 
 def _needs_horovod(target: str, job: str) -> bool:
-    """Only TensorFlow needs a horovod wheel: the PyTorch job and Keras on PyTorch run on
-    hvdrunner's engine (torch.distributed); 15.4 LTS ML ships its own horovod."""
-    return job == "hvdrunner_train" and target not in ("lts", "keras_on_torch")
+    """Only target ``compiled``'s Keras job needs a horovod wheel: every other job runs on
+    hvdrunner's engine (torch.distributed), or on 15.4 LTS ML's own horovod."""
+    return job == "hvdrunner_train" and target == "compiled"
 
 
-def test_training_jobs_check_the_wheel_first_naming_the_build_job_or_need_none(tmp_path):
+def test_only_the_compiled_target_checks_a_wheel_first_naming_the_build_job(tmp_path):
     for name in TARGETS:
         config = _resolved(name)
         for job in ("hvdrunner_train", "hvdrunner_train_torch"):
@@ -207,6 +207,9 @@ def test_the_keras_job_runs_on_the_backend_its_target_names(name):
         assert params["keras_backend"] == "torch" and env == {"KERAS_BACKEND": "torch"}
     else:
         assert params["keras_backend"] == "tensorflow" and "KERAS_BACKEND" not in env
+    # The engine by default; the compiled horovod where the target installs it, on every
+    # process of the cluster (HorovodRunner passes the driver's setting on to the ranks).
+    assert env.get("HVDRUNNER_ENGINE") == ("horovod" if name == "compiled" else None)
     notebook = (ROOT / "notebooks" / "02_train_keras.py").read_text()
     assert 'dbutils.widgets.text("keras_backend"' in notebook
 
@@ -236,9 +239,9 @@ def test_the_training_job_installs_the_wheel_the_build_job_writes(name):
         libs = [lib["whl"] for lib in _task(train, task_key)["libraries"] if "whl" in lib]
         horovod = [lib for lib in libs if "horovod" in lib]
         if not _needs_horovod(name, job):
-            # 15.4 LTS ML ships horovod 0.28.1; pip skips a wheel of the same version, so
-            # attaching ours would silently keep theirs: lts keeps it on purpose. PyTorch and
-            # Keras on PyTorch run on hvdrunner's engine: hvdrunner's wheel is all they get.
+            # hvdrunner's engine: hvdrunner's wheel is all they get. 15.4 LTS ML ships horovod
+            # 0.28.1; pip skips a wheel of the same version, so attaching ours would silently
+            # keep theirs: lts keeps it on purpose.
             assert horovod == []
         else:
             (wheel,) = horovod  # the one wheel, built against the runtime's TF and torch

@@ -72,6 +72,7 @@ def test_two_rank_fit_reaches_accuracy_and_mlflow_agrees(digits, store):
     from hvdrunner.keras import backend
 
     assert params["keras_backend"] == backend.name()
+    assert params["horovod"] == backend.horovod().__name__  # which Horovod trained
 
 
 def fit_and_weights(**kwargs):

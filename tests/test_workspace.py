@@ -59,7 +59,7 @@ def _doctor(target: Path, env: dict[str, str] | None = None) -> subprocess.Compl
 # -- the paths and commands every place prints ------------------------------------------------
 
 
-@pytest.mark.parametrize("name", ["dev", "keras_on_torch", "lts", "prod"])
+@pytest.mark.parametrize("name", ["dev", "compiled", "keras_on_torch", "lts", "prod"])
 def test_every_target_builds_into_the_one_wheel_folder_the_docs_print(name):
     values = PROD if name == "prod" else VALUES
     config = bundle.target(ROOT, name, USER, values)
@@ -69,33 +69,40 @@ def test_every_target_builds_into_the_one_wheel_folder_the_docs_print(name):
     assert params[params.index("--out") + 1] == workspace.wheel_folder("ml", "team_a", runtime)
     install = INSTALL_MD.read_text()
     assert (
-        workspace.tensorflow_cell()
+        workspace.compiled_cell()
         .splitlines()[0]
         .replace(workspace.RUNTIME, "18.x-gpu-ml-scala2.13")
         in install
     )
-    assert workspace.torch_cell() in install
+    assert workspace.wheel_cell() in install
 
 
 def test_notebooks_migrate_and_doctor_print_the_same_install_lines():
-    tf, torch = workspace.tensorflow_cell().splitlines()[0], workspace.torch_cell().splitlines()[0]
+    compiled = workspace.compiled_cell().splitlines()[0]
+    wheel = workspace.wheel_cell().splitlines()[0]
     for path in sorted((ROOT / "notebooks").glob("*.py")):
         text = path.read_text()
-        assert tf in text and torch in text and workspace.RESTART in text, path.name
+        assert compiled in text and wheel in text and workspace.RESTART in text, path.name
         assert "hvdrunner.doctor.check()" in text, path.name
     from hvdrunner.doctor import evaluate_build
     from hvdrunner.migrate.rules import INSTALL
 
-    assert tf in INSTALL.fix and torch in INSTALL.fix
-    on_cluster = {"DATABRICKS_RUNTIME_VERSION": "18.0"}
+    assert wheel in INSTALL.fix and compiled in INSTALL.fix
+    # A compiled horovod asked for (HVDRUNNER_ENGINE=horovod) and missing on a cluster: the fix
+    # is the build job and its install cell, or the engine.
+    on_cluster = {"DATABRICKS_RUNTIME_VERSION": "18.0", "HVDRUNNER_ENGINE": "horovod"}
     (failed,) = [
         c for c in evaluate_build({"horovod": None, "tensorflow": "2.21.0"}, env=on_cluster)
     ]
-    assert workspace.build_command() in failed.fix and tf in failed.fix
+    assert workspace.build_command() in failed.fix and compiled in failed.fix
     assert "scripts/" not in failed.fix and "make " not in failed.fix  # a cluster has neither
+    # Without the setting, TensorFlow beside torch needs no horovod at all.
+    engine = evaluate_build({"horovod": None, "tensorflow": "2.21.0", "torch": "2.9.0"},
+                            env={"DATABRICKS_RUNTIME_VERSION": "18.0"})  # fmt: skip
+    assert not [c for c in engine if c.required and not c.ok], engine
 
 
-@pytest.mark.parametrize("name", ["dev", "keras_on_torch", "lts", "prod"])
+@pytest.mark.parametrize("name", ["dev", "compiled", "keras_on_torch", "lts", "prod"])
 def test_the_cli_accepts_every_command_the_docs_and_hints_give(name):
     values = PROD if name == "prod" else VALUES
     config = bundle.target(ROOT, name, USER, values)
@@ -142,17 +149,24 @@ def test_prod_is_one_deployment_run_as_a_service_principal():
 @pytest.mark.keras
 @pytest.mark.stacks("modern")
 @pytest.mark.timeout(1200)
-def test_dev_keras_job_builds_once_then_trains_and_the_install_cell_works(tmp_path):
+def test_dev_keras_job_needs_nothing_built_and_the_compiled_target_builds_once(tmp_path):
     ws = StandIn(tmp_path, "dev", VALUES | FAST, USER)
     ws.deploy()
+    values = ws.run_job("hvdrunner_train")  # Keras on TensorFlow over the engine: no build
+    assert values["batch_inference"]["test_accuracy"] > 0.8
+    assert not list(tmp_path.rglob("horovod-*.whl"))
+    # Target `compiled`: the same job on the horovod the build job compiles.
+    c = StandIn(tmp_path / "c", "compiled", VALUES | FAST, USER)
+    c.deploy()
     # Before the build: the first task stops the job in seconds, naming the build command.
     with pytest.raises(
-        StandInError, match=r"(?s)check_horovod_wheel.*" + re.escape(workspace.build_command("dev"))
+        StandInError,
+        match=r"(?s)check_horovod_wheel.*" + re.escape(workspace.build_command("compiled")),
     ):
-        ws.run_job("hvdrunner_train")
-    ws.run_job("hvdrunner_build_horovod")
-    runtime = ws.vars["spark_version"]
-    folder = ws.map(workspace.wheel_folder("ml", "team_a", runtime))
+        c.run_job("hvdrunner_train")
+    c.run_job("hvdrunner_build_horovod")
+    runtime = c.vars["spark_version"]
+    folder = c.map(workspace.wheel_folder("ml", "team_a", runtime))
     (horovod,) = folder.glob("horovod-*.whl")
     record = json.loads(Path(f"{horovod}.json").read_text())
     import tensorflow as tf
@@ -160,21 +174,21 @@ def test_dev_keras_job_builds_once_then_trains_and_the_install_cell_works(tmp_pa
     assert record["frameworks"]["tensorflow"] == tf.__version__
     assert record["cuda_archs"] == []  # a CPU build here; a GPU node records its list
     requirements = (folder / "requirements.txt").read_text()
-    assert ws.vars["tensorflow_pip"] in requirements.splitlines()
-    values = ws.run_job("hvdrunner_train")
+    assert c.vars["tensorflow_pip"] in requirements.splitlines()
+    # HVDRUNNER_ENGINE=horovod on the cluster: the ranks import the wheel's horovod or fail
+    values = c.run_job("hvdrunner_train")
     assert values["batch_inference"]["test_accuracy"] > 0.8
-    log = (ws.last / "train_keras.log").read_text()
-    assert "final accuracy" in log
+    assert "final accuracy" in (c.last / "train_keras.log").read_text()
     # A second build run keeps the wheel; the rebuild parameter builds it again.
-    ws.run_job("hvdrunner_build_horovod")
-    assert "already built" in (ws.last / "build_horovod.log").read_text()
-    ws.run_job("hvdrunner_build_horovod", {"rebuild": "true"})
-    assert "already built" not in (ws.last / "build_horovod.log").read_text()
-    # docs/install.md's cell, against the folder the build job wrote.
-    line = _install_line(block("install.md", "install-tensorflow"), runtime)
-    requirements_path = ws.map(line.split("-r ", 1)[1])
+    c.run_job("hvdrunner_build_horovod")
+    assert "already built" in (c.last / "build_horovod.log").read_text()
+    c.run_job("hvdrunner_build_horovod", {"rebuild": "true"})
+    assert "already built" not in (c.last / "build_horovod.log").read_text()
+    # docs/install.md's cell for the compiled horovod, against the folder the build job wrote.
+    line = _install_line(block("install.md", "install-compiled"), runtime)
+    requirements_path = c.map(line.split("-r ", 1)[1])
     env_dir = tmp_path / "notebook-env"
-    assert install_requirements(requirements_path, env_dir) == [ws.vars["tensorflow_pip"]]
+    assert install_requirements(requirements_path, env_dir) == [c.vars["tensorflow_pip"]]
     doctor = _doctor(env_dir)
     assert doctor.returncode == 0, doctor.stdout + doctor.stderr
     assert f"FROM {env_dir}" in doctor.stdout  # the installed copy, not the checkout
@@ -194,14 +208,14 @@ def test_dev_torch_job_and_keras_on_torch_need_nothing_built(tmp_path):
     values = k.run_job("hvdrunner_train")
     assert values["batch_inference"]["test_accuracy"] > 0.5
     # docs/install.md's PyTorch route: the wheel copied into the volume, one %pip line.
-    copy = block("install.md", "copy-torch-wheel").strip()
+    copy = block("install.md", "copy-wheel").strip()
     src, dest = copy.split()[-2:]
     wheel = ws.files / src
     assert wheel.is_file(), f"{src} is not what the artifact build writes"
     dest_dir = ws.map(_user_values(dest.removeprefix("dbfs:"), ""))
     dest_dir.mkdir(parents=True, exist_ok=True)
     (dest_dir / wheel.name).write_bytes(wheel.read_bytes())
-    line = _install_line(block("install.md", "install-torch"), "")
+    line = _install_line(block("install.md", "install-wheel"), "")
     env_dir = tmp_path / "notebook-env"
     pip_install([str(ws.map(line.split()[-1]))], env_dir)
     doctor = _doctor(env_dir, {"KERAS_BACKEND": ""})

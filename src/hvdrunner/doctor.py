@@ -101,7 +101,7 @@ def _fix_build(env: dict[str, str] | None) -> str:
     """How to get a horovod built for these frameworks: on a Databricks cluster the build job
     and the install cell (a cluster has no checkout); elsewhere the builder script."""
     if workspace.access_mode(env=dict(os.environ if env is None else env)) != "not databricks":
-        return workspace.install_hint("tensorflow")
+        return workspace.compiled_hint()
     return (
         "rebuild horovod against the installed frameworks: PYTHON=$(which python) bash "
         "scripts/install_horovod.sh (it applies the patches in patches/: TF >= 2.16 and "

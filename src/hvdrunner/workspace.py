@@ -6,8 +6,8 @@ The bundle (``databricks.yml``), docs/install.md, the notebooks' first cells, ``
 module and runs the bundle's jobs against a local stand-in for the workspace.
 
 Example:
-    >>> tensorflow_cell("ml", "team_a", "18.x-gpu-ml-scala2.13").splitlines()[0]
-    '%pip install -r /Volumes/ml/team_a/hvdrunner/wheels/18.x-gpu-ml-scala2.13/requirements.txt'
+    >>> wheel_cell("ml", "team_a", "0.2.0").splitlines()[0]
+    '%pip install /Volumes/ml/team_a/hvdrunner/hvdrunner-0.2.0-py3-none-any.whl'
 """
 
 from __future__ import annotations
@@ -43,20 +43,24 @@ def wheel_folder(
     return f"{volume_root(catalog, schema, volume)}/wheels/{runtime}"
 
 
-def tensorflow_cell(catalog: str = CATALOG, schema: str = SCHEMA, runtime: str = RUNTIME) -> str:
-    """The notebook cell that installs hvdrunner, horovod and the TensorFlow horovod was built
-    against (the published ``requirements.txt`` pins all three)."""
+def compiled_cell(catalog: str = CATALOG, schema: str = SCHEMA, runtime: str = RUNTIME) -> str:
+    """The notebook cell that installs hvdrunner, a compiled horovod and the TensorFlow that
+    horovod was built against (the published ``requirements.txt`` pins all three): for
+    ``HVDRUNNER_ENGINE=horovod`` and unchanged ``import horovod.tensorflow`` code only."""
     return f"%pip install -r {wheel_folder(catalog, schema, runtime)}/requirements.txt\n{RESTART}"
 
 
-def torch_wheel(catalog: str = CATALOG, schema: str = SCHEMA, version: str = __version__) -> str:
-    """hvdrunner's own wheel in the volume: all that PyTorch and Keras on PyTorch need."""
+def hvdrunner_wheel(
+    catalog: str = CATALOG, schema: str = SCHEMA, version: str = __version__
+) -> str:
+    """hvdrunner's own wheel in the volume: all that Keras (on TensorFlow or PyTorch) and
+    PyTorch need, the frameworks being the runtime's."""
     return f"{volume_root(catalog, schema)}/hvdrunner-{version}-py3-none-any.whl"
 
 
-def torch_cell(catalog: str = CATALOG, schema: str = SCHEMA, version: str = __version__) -> str:
-    """The notebook cell that installs hvdrunner for PyTorch (nothing compiled)."""
-    return f"%pip install {torch_wheel(catalog, schema, version)}\n{RESTART}"
+def wheel_cell(catalog: str = CATALOG, schema: str = SCHEMA, version: str = __version__) -> str:
+    """The notebook cell that installs hvdrunner (nothing compiled)."""
+    return f"%pip install {hvdrunner_wheel(catalog, schema, version)}\n{RESTART}"
 
 
 def build_command(target: str = "dev", rebuild: bool = False) -> str:
@@ -65,14 +69,13 @@ def build_command(target: str = "dev", rebuild: bool = False) -> str:
     return f"{command} --params {REBUILD_PARAM}=true" if rebuild else command
 
 
-def install_hint(framework: str = "tensorflow") -> str:
-    """One sentence naming the install cell for ``framework`` (``tensorflow`` or ``torch``),
-    for errors raised where hvdrunner or horovod is missing on a cluster."""
-    if framework == "torch":
-        return f"install hvdrunner's wheel in a first cell: {torch_cell()!r} (hvdrunner's install page)"
+def compiled_hint() -> str:
+    """One sentence naming the build job and the install cell of a compiled horovod, for
+    errors raised where one is needed (``HVDRUNNER_ENGINE=horovod``) and missing."""
     return (
-        f"build the wheels once per runtime ({build_command()}), then install them in a first "
-        f"cell: {tensorflow_cell()!r} (hvdrunner's install page)"
+        f"build horovod once per runtime ({build_command()}), then install it in a first "
+        f"cell: {compiled_cell()!r} (hvdrunner's install page), or unset HVDRUNNER_ENGINE to "
+        f"train on hvdrunner's engine (nothing compiled)"
     )
 
 

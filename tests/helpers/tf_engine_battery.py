@@ -188,9 +188,13 @@ def mismatches_fail_on_every_rank_never_hang() -> None:
         lambda: hvd.broadcast(tf.ones([2]), root_rank=R),
         "Mismatched broadcast",
     )
+    # inside a graph too: Horovod's error and words, in tf.function and a TensorFlow 1 session
     fn = tf.function(lambda: hvd.allreduce(tf.ones(shape), name="in_graph"))
-    # a Python call inside a graph: TensorFlow reports it as UnknownError, Horovod's words kept
-    raises(tf.errors.UnknownError, fn, "Mismatched allreduce tensor shapes")
+    raises(tf.errors.FailedPreconditionError, fn, "Mismatched allreduce tensor shapes")
+    with tf.Graph().as_default():
+        op = hvd.broadcast(tf.ones([2]), root_rank=R, name="in_session")
+        with tf.compat.v1.Session() as sess:
+            raises(tf.errors.FailedPreconditionError, lambda: sess.run(op), "Mismatched broadcast")
     raises(
         tf.errors.InvalidArgumentError,
         lambda: hvd.allreduce(tf.ones([2], tf.uint16)),

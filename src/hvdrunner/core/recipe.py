@@ -98,8 +98,10 @@ def run(
     initial_epoch = resume(store, built.model, built.optimizer, hvd.broadcast_object, ledger)
     framework.broadcast(built)
     steps, rows, feed = framework.feed(data, cfg, initial_epoch)
+    # "horovod": which Horovod trained (hvdrunner's engine, or a compiled horovod)
     tracking.log_params(cfg.run_params(hvd.size(), built.lr, steps, rows)
-                        | {"optimizer": _name(getattr(cfg, "optimizer", None))}
+                        | {"optimizer": _name(getattr(cfg, "optimizer", None)),
+                           "horovod": getattr(hvd, "__name__", type(hvd).__name__)}
                         | framework.params(cfg))  # fmt: skip
     # Changes on every resume of the same run: a tag, not a param (params are immutable).
     tracking.set_tags({"hvdrunner.initial_epoch": initial_epoch})

@@ -13,8 +13,8 @@ from dataclasses import dataclass
 from hvdrunner import workspace
 
 #: The install lines users type, one line each (hvdrunner.workspace writes them).
-_TORCH_PIP = workspace.torch_cell().splitlines()[0]
-_TF_PIP = workspace.tensorflow_cell().splitlines()[0]
+_WHEEL_PIP = workspace.wheel_cell().splitlines()[0]
+_COMPILED_PIP = workspace.compiled_cell().splitlines()[0]
 
 
 @dataclass(frozen=True)
@@ -112,8 +112,9 @@ def no_drop_in(module: str) -> tuple[str, str]:
     return (
         f"{module}: the compiled horovod (kept as it is: it runs on the horovod hvdrunner's "
         f"build job publishes)",
-        f"build it ({workspace.build_command()}) and install it with `{_TF_PIP}` (hvdrunner's install page); "
-        "for Keras use hvdrunner.hvd_keras, for PyTorch hvdrunner.hvd_torch (nothing compiled)",
+        f"build it ({workspace.build_command()}) and install it with `{_COMPILED_PIP}` (hvdrunner's "
+        "install page); or use hvdrunner.hvd_tensorflow, hvdrunner.hvd_keras or "
+        "hvdrunner.hvd_torch (nothing compiled)",
     )
 
 
@@ -142,8 +143,9 @@ INSTALL = _rule(
     r".*\b(?:horovod|sparkdl)\b",
     "installs horovod or sparkdl from PyPI (horovod 0.28.1 does not build for current "
     "runtimes' TensorFlow and PyTorch unpatched; sparkdl has no HorovodRunner after 15.4)",
-    f"install hvdrunner instead (hvdrunner's install page) - PyTorch: `{_TORCH_PIP}`, that is all; "
-    f"TensorFlow: `{_TF_PIP}` (the build job, {workspace.build_command()}, publishes it)",
+    f"install hvdrunner instead (hvdrunner's install page): `{_WHEEL_PIP}`, that is all for Keras, "
+    f"TensorFlow and PyTorch (nothing compiled); a compiled horovod, for HVDRUNNER_ENGINE=horovod: "
+    f"`{_COMPILED_PIP}` (the build job, {workspace.build_command()}, publishes it)",
 )
 
 #: Uses with no drop-in, in the code: reported with the fix, never rewritten.
@@ -163,9 +165,10 @@ MANUAL: tuple[Rule, ...] = (
     _rule(
         r"\bhvd\.elastic\b|\bhorovod\.\w+(?:\.keras)?\.elastic\b",
         "Horovod elastic",
-        "PyTorch: unchanged @hvd.elastic.run code resumes from its last state.commit() after "
-        "a restart with HorovodRunner(max_restarts=N); Keras: not supported (hvd_keras.elastic "
-        "raises), use hvdrunner.keras.fit(checkpoint_dir=...) with max_restarts",
+        "unchanged @hvd.elastic.run code (PyTorch, TensorFlow, Keras on TensorFlow) resumes "
+        "from its last state.commit() after a restart with HorovodRunner(max_restarts=N); "
+        "ranks never join a running job. Or hvdrunner.keras.fit(checkpoint_dir=...) with "
+        "max_restarts",
     ),  # fmt: skip
     _rule(
         r"\b(?:make_batch_reader|make_reader|make_petastorm_dataset)\b",

@@ -30,6 +30,7 @@ import tensorflow as tf
 import torch
 from torch.utils import dlpack as torch_dlpack
 
+from hvdrunner._logging import get_logger
 from hvdrunner.errors import HorovodInternalError
 
 Engine = Callable[[list[torch.Tensor]], Sequence[torch.Tensor]]
@@ -99,6 +100,15 @@ def tf_error(exc: BaseException) -> BaseException:
     return exc
 
 
+#: The variable name that carries a disagreement's message out of a graph (see _graph_call).
+DISAGREED = "{} [hvdrunner: Horovod's FailedPreconditionError, carried out of the graph]"
+
+
+def _log_disagreement(message: str) -> None:
+    """The engine's words, on their own line of the log: in a graph TensorFlow wraps them."""
+    get_logger().error("a collective failed: %s", message)
+
+
 def peer_lost() -> BaseException | None:
     """The engine's error for a lost peer since the last :func:`forget_lost_peer` (or
     ``None``)."""
@@ -151,12 +161,56 @@ def run(engine: Engine, inputs: Sequence[Any], what: str,
     if tf.executing_eagerly():
         return _call(engine, inputs, dtypes)
     graph = tf.compat.v1.get_default_graph()
+    in_function = bool(getattr(graph, "building_function", False))
     with tf.control_dependencies(_after_previous(graph)):
-        outs = tf.py_function(lambda *xs: _call(engine, xs, dtypes, in_graph=True), inputs,
-                              dtypes, name=what)  # fmt: skip
-    outs = list(outs) if isinstance(outs, list | tuple) else [outs]
-    if not getattr(graph, "building_function", False):
+        got = tf.py_function(lambda *xs: _graph_call(engine, xs, dtypes), inputs,
+                             [*dtypes, tf.resource, tf.bool], name=what)  # fmt: skip
+    outs = _checked(list(got[:-2]), got[-2], got[-1], in_function)
+    if not in_function:
         _LAST[graph] = outs[0].op
     for out, (_, shape) in zip(outs, kinds, strict=True):
         out.set_shape(shape)
     return outs
+
+
+#: Read by every collective of a tf.function that succeeded (made once, eagerly).
+_OK: list[tf.Variable] = []
+
+
+def _graph_call(engine: Engine, inputs: Sequence[tf.Tensor],
+                dtypes: Sequence[tf.DType]) -> list[tf.Tensor]:  # fmt: skip
+    """:func:`_call` inside a graph: the results, then a variable handle and whether the
+    ranks agreed. ``tf.py_function`` reports every Python error but ``ValueError`` as
+    ``UnknownError``, so ranks that disagree hand back a handle to no variable, named with
+    Horovod's message; reading it (:func:`_checked`) raises ``FailedPreconditionError``, the
+    error Horovod's kernels raise, with that message."""
+    try:
+        outs = _call(engine, inputs, dtypes, in_graph=True)
+    except tf.errors.FailedPreconditionError as exc:
+        _log_disagreement(str(exc))
+        missing = tf.raw_ops.VarHandleOp(
+            dtype=tf.int32, shape=[], shared_name=DISAGREED.format(exc)
+        )
+        return [*(tf.zeros([0], d) for d in dtypes), missing, tf.constant(False)]
+    if not _OK:
+        _OK.append(tf.Variable(0, dtype=tf.int32, trainable=False))
+    return [*outs, _OK[0].handle, tf.constant(True)]
+
+
+def _checked(outs: list[tf.Tensor], handle: tf.Tensor, agreed: tf.Tensor,
+             in_function: bool) -> list[tf.Tensor]:  # fmt: skip
+    """The results, once the handle of :func:`_graph_call` was read. In a ``tf.function``
+    the read runs every time (a handle to one variable of the eager context); a TensorFlow 1
+    session has its own variables, so there only a disagreement reads it."""
+
+    def after_read() -> list[tf.Tensor]:
+        # An Assert on what was read: stateful, so no optimisation drops the read (a control
+        # dependency on the read alone would be dropped, the read being stateless)
+        read = tf.raw_ops.ReadVariableOp(resource=handle, dtype=tf.int32)
+        with tf.control_dependencies([tf.raw_ops.Assert(condition=tf.equal(read, 0), data=[read])]):
+            return [tf.identity(o) for o in outs]
+
+    if in_function:
+        return after_read()
+    got = tf.cond(agreed, lambda: [tf.identity(o) for o in outs], after_read)
+    return list(got) if isinstance(got, list | tuple) else [got]

@@ -5,8 +5,8 @@ The states are the engine's (:mod:`hvdrunner.engine.elastic`): ``commit()`` save
 hands rank 0's state to every rank, and under ``HorovodRunner(max_restarts=N)`` a job that
 loses a rank restarts and resumes from the last commit (hvdrunner._launch.commits carries
 every ``_saved_*`` attribute to the driver). A lost peer surfaces in TensorFlow as
-``UnknownError``; ``run`` tells it from a program error (ranks that disagree also raise
-``UnknownError`` inside a graph) by the engine's own record of the loss, not by the message.
+``UnknownError``; ``run`` tells it from the program's own errors by the engine's record of
+the loss, not by the message.
 
 Example:
     >>> import tensorflow as tf
@@ -53,7 +53,7 @@ def run(func: Callable[..., Any]) -> Callable[..., Any]:
             return func(state, *args, **kwargs)
         except tf.errors.UnknownError as exc:
             if bridge.peer_lost() is None:
-                raise  # the program's own error (in a graph: ranks that disagree)
+                raise  # the program's own error
             raise HorovodInternalError(str(exc)) from exc
 
     # Looked up now, not at import: HorovodRunner makes the engine's run_fn durable
