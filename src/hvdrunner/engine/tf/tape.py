@@ -98,6 +98,8 @@ class DistributedGradientTape:
         (compression, sparse_as_dense, op, predivide, num_groups, groups, process_set,
          scale_local) = self._options  # fmt: skip
         n = len(state.resolve(process_set)[1])
+        if n == 1:  # nothing to exchange: Horovod's tape skips its allreduces too (size_op() > 1)
+            return list(grads)
         out = list(grads)
         shared = []
         for i, (g, v) in enumerate(zip(grads, sources, strict=True)):
