@@ -9,6 +9,7 @@ Real gloo ranks; float64, so that "the same" means the same."""
 from __future__ import annotations
 
 import os
+import re
 import signal
 from pathlib import Path
 
@@ -138,3 +139,25 @@ def test_elastic_tensorflow_code_resumes_from_its_last_commit_after_a_killed_ran
     # Horovod's reset callbacks ran once on each rank of the resumed attempt only.
     assert sorted(p.name for p in (tmp_path / "killed").iterdir()) == ["reset-2-0", "reset-2-1"]
     assert list((tmp_path / "undisturbed").iterdir()) == []
+
+
+@pytest.mark.keras_mode  # Keras 2's optimizers build their slots another way
+def test_a_state_refuses_what_it_cannot_restore_exactly():
+    """Before any collective: an unbuilt model (Horovod's error), a commit interval below 1,
+    and a restore whose saved values no longer match the variables (never a partial one)."""
+    import tensorflow as tf
+
+    import hvdrunner.hvd_keras as hvd
+    from hvdrunner.engine.tf.elastic import UNBUILT_MODEL, TensorFlowKerasState
+
+    unbuilt = tf.keras.Sequential([tf.keras.layers.Dense(1)])
+    with pytest.raises(ValueError, match=re.escape(UNBUILT_MODEL)):
+        TensorFlowKerasState(unbuilt, tf.keras.optimizers.SGD(0.1))
+    model = tf.keras.Sequential([tf.keras.Input((4,)), tf.keras.layers.Dense(1)])
+    state = TensorFlowKerasState(model, tf.keras.optimizers.SGD(0.1, momentum=0.9), epoch=0)
+    assert len(state._saved_optimizer_state) > 1  # the slots exist before the first step
+    with pytest.raises(ValueError, match="batches_per_commit must be >= 1"):
+        hvd.elastic.CommitStateCallback(state, batches_per_commit=0)
+    state._saved_model_state = state._saved_model_state[:-1]  # as a model changed since
+    with pytest.raises(ValueError, match="cannot restore the model: 1 values were saved for 2"):
+        state.restore()
