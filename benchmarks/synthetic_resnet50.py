@@ -26,7 +26,12 @@ The same step runs under these launchers, 1 and 2 ranks, interleaved rep by rep:
   that gives it ``hvdrunner.torch.fit``'s exchange (DDP-like buckets + the idle-wait patch);
 - ``ddp`` (torch only): the same loop with ``DistributedDataParallel`` under ``torchrun``;
 - ``horovodrunner_engine`` (TensorFlow only): HorovodRunner, the loop's one import changed to
-  ``hvdrunner.hvd_tensorflow`` (Horovod's TensorFlow API on hvdrunner's engine).
+  ``hvdrunner.hvd_tensorflow`` (Horovod's TensorFlow API on hvdrunner's engine);
+- ``mirrored_strategy_runner`` (TensorFlow only): the same model, data and SGD on
+  ``MultiWorkerMirroredStrategy`` (what Databricks recommends for TensorFlow) under
+  spark-tensorflow-distributor's ``MirroredStrategyRunner(num_slots=N, use_gpu=False)``: a
+  ``tf.function`` around ``strategy.run``, TensorFlow's own thread counts (the runner starts
+  TensorFlow before the function runs).
 
 On the modern stack the TF loop runs in tf_keras mode (``TF_USE_LEGACY_KERAS=1``):
 ``horovod.tensorflow.DistributedGradientTape`` fails on Keras 3 variables (``'Variable' object
@@ -193,6 +198,40 @@ def tf_step(module: str = "horovod.tensorflow") -> dict:
     return out
 
 
+def mwms_step() -> dict:
+    """One worker of the same loop on ``MultiWorkerMirroredStrategy`` (what Databricks
+    recommends for TensorFlow), under spark-tensorflow-distributor's ``MirroredStrategyRunner``,
+    which runs this inside the strategy's scope: the per-replica step through
+    ``strategy.run``, its gradients all-reduced by the strategy."""
+    import tensorflow as tf
+
+    strategy = tf.distribute.get_strategy()
+    size = strategy.num_replicas_in_sync
+    # TensorFlow's own thread counts: the runner has started TensorFlow before this runs
+    model = tf.keras.applications.ResNet50(weights=None, input_shape=(IMAGE, IMAGE, 3))
+    opt = tf.keras.optimizers.SGD(0.01 * size)
+    data = tf.random.uniform([BATCH, IMAGE, IMAGE, 3])
+    target = tf.random.uniform([BATCH, 1], minval=0, maxval=999, dtype=tf.int64)
+    loss_fn = tf.keras.losses.SparseCategoricalCrossentropy(
+        reduction=tf.keras.losses.Reduction.NONE
+    )
+
+    def replica_step() -> None:
+        with tf.GradientTape() as tape:
+            loss = tf.nn.compute_average_loss(loss_fn(target, model(data, training=True)),
+                                              global_batch_size=BATCH * size)  # fmt: skip
+        grads = tape.gradient(loss, model.trainable_variables)
+        opt.apply_gradients(zip(grads, model.trainable_variables, strict=True))
+
+    @tf.function
+    def train() -> None:
+        strategy.run(replica_step)
+
+    out = _timed(train, size)
+    out["params"] = int(model.count_params())
+    return out
+
+
 def _one_rank_main() -> None:
     """Entry point under horovodrun / torchrun: print rank 0's figures as one JSON line."""
     ddp = "--ddp" in sys.argv
@@ -245,6 +284,10 @@ def main() -> None:
     if stack() == "modern":  # the same loop on hvdrunner's engine (nothing compiled)
         launchers["horovodrunner_engine"] = lambda n: HorovodRunner(np=n).run(
             fn, module="hvdrunner.hvd_tensorflow")  # fmt: skip
+        from spark_tensorflow_distributor import MirroredStrategyRunner
+
+        launchers["mirrored_strategy_runner"] = lambda n: MirroredStrategyRunner(
+            num_slots=n, use_gpu=False).run(mwms_step)  # fmt: skip
     if stack() == "torch":
         launchers["horovodrunner_stock"] = lambda n: HorovodRunner(np=n).run(fn, stock=True)
         launchers["horovodrunner_buckets"] = lambda n: HorovodRunner(np=n).run(fn, buckets=True)
