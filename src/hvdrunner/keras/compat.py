@@ -13,12 +13,12 @@ Horovod's own Keras layer (``horovod.tensorflow.keras``, ``horovod._keras``) tra
 mode it steers ``import keras`` to ``tf_keras`` so that Horovod's Keras layer works unchanged.
 The version probing and the guard live in TF-free leaves (:mod:`hvdrunner._versions`,
 :mod:`hvdrunner._import_guard`) so that a rank loads no Keras before user code; they are
-re-exported here.
+re-exported here, as are the optimizer helpers the engine shares
+(:mod:`hvdrunner._keras_optimizers`).
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from types import ModuleType
 from typing import Any
 
@@ -28,6 +28,7 @@ from hvdrunner._import_guard import (
     KERAS3_HOROVOD_ERROR,
     install_import_guard,
 )
+from hvdrunner._keras_optimizers import build_optimizer, optimizer_variables
 from hvdrunner._versions import LEGACY_ENV, generation, legacy_requested
 from hvdrunner.keras import backend
 
@@ -73,22 +74,6 @@ def is_keras3() -> bool:
 def keras_version() -> str:
     """The version of the Keras that trains (``tf.keras`` itself may not say)."""
     return _versions.version("tf_keras" if mode() == "tf_keras" else "keras") or "unknown"
-
-
-def optimizer_variables(optimizer: Any) -> list[Any]:
-    """The optimizer's variables (a property on Keras 3 and Keras 2.11+, a method on legacy)."""
-    variables = optimizer.variables
-    return list(variables() if callable(variables) else variables)
-
-
-def build_optimizer(optimizer: Any, trainable_variables: Sequence[Any]) -> None:
-    """Create the optimizer's slot variables now, so they can be restored and broadcast."""
-    if getattr(optimizer, "built", False) or getattr(optimizer, "_built", False):
-        return
-    if hasattr(optimizer, "build"):
-        optimizer.build(list(trainable_variables))
-    elif hasattr(optimizer, "_create_all_weights"):  # legacy Keras 2 optimizers
-        optimizer._create_all_weights(list(trainable_variables))
 
 
 def set_learning_rate(optimizer: Any, value: float) -> None:

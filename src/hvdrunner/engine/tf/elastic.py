@@ -30,6 +30,7 @@ from typing import Any
 
 import tensorflow as tf
 
+from hvdrunner._keras_optimizers import build_optimizer, optimizer_variables
 from hvdrunner.engine import elastic as core
 from hvdrunner.engine import state as engine
 from hvdrunner.engine.elastic import ObjectState, State
@@ -67,24 +68,6 @@ def _reset() -> None:
     engine.init()
 
 
-def _optimizer_variables(optimizer: Any) -> list[Any]:
-    """A Keras optimizer's variables: a property on Keras 3 and Keras 2.11+, a method on
-    Horovod's (legacy) optimizers."""
-    variables = optimizer.variables
-    return list(variables() if callable(variables) else variables)
-
-
-def _build_optimizer(optimizer: Any, variables: Sequence[Any]) -> None:
-    """Keras creates an optimizer's slots at its first step: made now, every rank's state has
-    the same variables to sync, and a restarted process has the slots a commit restores."""
-    if getattr(optimizer, "built", False) or getattr(optimizer, "_built", False):
-        return
-    if hasattr(optimizer, "build"):  # Keras 3, Keras 2.11+
-        optimizer.build(list(variables))
-    elif hasattr(optimizer, "_create_all_weights"):  # Keras 2's legacy optimizers
-        optimizer._create_all_weights(list(variables))
-
-
 def _value(var: Any) -> Any:
     """A variable's current value, as a tensor of its own (``tf.Variable`` or Keras 3's)."""
     return tf.identity(tf.convert_to_tensor(var))
@@ -102,7 +85,34 @@ def _assign(variables: Sequence[Any], values: Sequence[Any], what: str) -> None:
         var.assign(value)
 
 
-class TensorFlowKerasState(ObjectState):
+class _VariablesState(ObjectState):
+    """A state that keeps variables beside its attributes: each save, restore and sync does
+    the variables first (``_save_model``, ``_load_model``, ``_broadcast``)."""
+
+    def save(self) -> None:
+        self._save_model()
+        super().save()
+
+    def restore(self) -> None:
+        self._load_model()
+        super().restore()
+
+    def sync(self) -> None:
+        self._broadcast()
+        self._save_model()
+        super().sync()
+
+    def _broadcast(self) -> None:
+        raise NotImplementedError
+
+    def _save_model(self) -> None:
+        raise NotImplementedError
+
+    def _load_model(self) -> None:
+        raise NotImplementedError
+
+
+class TensorFlowKerasState(_VariablesState):
     """A Keras model and its optimizer (Keras 2 or 3, on TensorFlow) and plain attributes,
     kept as one state (Horovod's ``TensorFlowKerasState``).
 
@@ -117,35 +127,28 @@ class TensorFlowKerasState(ObjectState):
         self.model = model
         self.optimizer = optimizer if optimizer is not None else model.optimizer
         self.backend = backend
-        _build_optimizer(self.optimizer, model.trainable_variables)
+        # Keras creates an optimizer's slots at its first step: made now, every rank's state
+        # has the same variables to sync, and a restarted process has the slots a commit
+        # restores.
+        build_optimizer(self.optimizer, model.trainable_variables)
         self._save_model()
         super().__init__(functions.broadcast_object, engine.rank, **kwargs)
 
-    def save(self) -> None:
-        self._save_model()
-        super().save()
-
-    def restore(self) -> None:
-        self._load_model()
-        super().restore()
-
-    def sync(self) -> None:
+    def _broadcast(self) -> None:
         functions.broadcast_variables(self.model.variables, root_rank=0)
-        functions.broadcast_variables(_optimizer_variables(self.optimizer), root_rank=0)
-        self._save_model()
-        super().sync()
+        functions.broadcast_variables(optimizer_variables(self.optimizer), root_rank=0)
 
     def _save_model(self) -> None:
         self._saved_model_state = [_value(v) for v in self.model.variables]
-        self._saved_optimizer_state = [_value(v) for v in _optimizer_variables(self.optimizer)]
+        self._saved_optimizer_state = [_value(v) for v in optimizer_variables(self.optimizer)]
 
     def _load_model(self) -> None:
         _assign(self.model.variables, self._saved_model_state, "the model")
-        _assign(_optimizer_variables(self.optimizer), self._saved_optimizer_state,
+        _assign(optimizer_variables(self.optimizer), self._saved_optimizer_state,
                 "the optimizer")  # fmt: skip
 
 
-class TensorFlowState(ObjectState):
+class TensorFlowState(_VariablesState):
     """A list of TensorFlow variables and plain attributes kept as one state (Horovod's
     ``TensorFlowState``; ``tf.compat.v1.global_variables()`` by default, a TF1 ``session``
     to evaluate them in graph mode).
@@ -165,21 +168,11 @@ class TensorFlowState(ObjectState):
         self._save_model()
         super().__init__(functions.broadcast_object, engine.rank, **kwargs)
 
-    def save(self) -> None:
-        self._save_model()
-        super().save()
-
-    def restore(self) -> None:
-        self._load_model()
-        super().restore()
-
-    def sync(self) -> None:
+    def _broadcast(self) -> None:
         if self._bcast_op is not None and self.session is not None:
             self.session.run(self._bcast_op)
         else:
             functions.broadcast_variables(self.variables, root_rank=0)
-        self._save_model()
-        super().sync()
 
     def _save_model(self) -> None:
         # ``_saved_*``: what a commit carries to a restarted job
