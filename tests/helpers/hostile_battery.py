@@ -278,8 +278,9 @@ def small_allreduces_in_the_round_give_the_wires_bits() -> None:
     g = torch.Generator().manual_seed(11 + R)
     values = torch.randn(400, generator=g)
     small = values[:60].clone()
-    assert requests.inline(("allreduce", "float32", "cpu", ((60,),))), "60 floats go inline"
-    assert not requests.inline(("allreduce", "float32", "cpu", ((400,),)))
+    floats = lambda n: requests.Signature("allreduce", "float32", "cpu", ((n,),))  # noqa: E731
+    assert requests.inline(floats(60)), "60 floats go inline"
+    assert not requests.inline(floats(400))
     for op in (hvd.Average, hvd.Sum, hvd.Min, hvd.Max):
         inline = hvd.allreduce(small, op=op, name=f"inline.{op}")
         wire = hvd.allreduce(values, op=op, name=f"wire.{op}")[:60]

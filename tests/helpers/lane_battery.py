@@ -17,7 +17,7 @@ from typing import Any
 import torch
 
 import hvdrunner.hvd_torch as hvd
-from hvdrunner.engine import lane, state
+from hvdrunner.engine import settings, state
 
 RESULTS: dict[str, str] = {}
 
@@ -51,11 +51,11 @@ def train(
 
 
 def both_ways(options: dict[str, Any], extra_steps: int = 0) -> tuple[int, int]:
-    os.environ[lane.LANE_ENV] = "1"
+    os.environ[settings.LANE_ENV] = "1"
     on, last_on, carried = train(options, extra_steps)
-    os.environ[lane.LANE_ENV] = "0"
+    os.environ[settings.LANE_ENV] = "0"
     off, last_off, carried_off = train(options, extra_steps)
-    os.environ[lane.LANE_ENV] = "1"
+    os.environ[settings.LANE_ENV] = "1"
     assert carried_off == 0, carried_off
     assert torch.equal(on, off), (options, (on - off).abs().max().item())
     assert last_on == last_off, (last_on, last_off)

@@ -14,7 +14,6 @@ Product too, as Horovod scales its fusion buffer whatever the op).
 
 from __future__ import annotations
 
-import os
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -39,10 +38,10 @@ from hvdrunner.engine.requests import (
     dtypes,
     inline,
     nbytes,
+    result_factor,
 )  # fmt: skip
 from hvdrunner.errors import HorovodInternalError
 
-FUSION_ENV, FUSION_BYTES = "HOROVOD_FUSION_THRESHOLD", 64 * 1024 * 1024
 _REDUCE = {SUM: dist.ReduceOp.SUM, AVERAGE: dist.ReduceOp.SUM, MIN: dist.ReduceOp.MIN,
            MAX: dist.ReduceOp.MAX, PRODUCT: dist.ReduceOp.PRODUCT}  # fmt: skip
 #: A process set's data group and its ranks (global ranks, ascending), by id.
@@ -71,10 +70,10 @@ def wire(t: torch.Tensor) -> torch.Tensor:
 class Executor:
     """Runs batches of ready requests for this rank (``rank``) over ``group_of``'s groups."""
 
-    def __init__(self, rank: int, group_of: GroupOf) -> None:
+    def __init__(self, rank: int, group_of: GroupOf, fusion_bytes: int) -> None:
         self.rank = rank
         self._group_of = group_of
-        self._fusion = int(os.environ.get(FUSION_ENV, FUSION_BYTES))
+        self._fusion = fusion_bytes
 
     def __call__(self, batch: list[Ready], joined: frozenset[int]) -> None:
         i = 0
@@ -136,8 +135,8 @@ class Executor:
     # -- allreduce ------------------------------------------------------------------------
     def _allreduce(self, readies: list[Ready]) -> None:
         group, ranks = self._group_of(readies[0].entry.ps_id)
-        sig = readies[0].entry.signatures[next(iter(readies[0].entry.signatures))]
-        op, pre, post = sig[4], sig[5], sig[6]
+        sig = readies[0].entry.signatures[_any(readies[0])]
+        op, pre = sig.op, sig.prescale
         pieces = [_inputs(r) for r in readies]
         flat = [scale(t, pre).reshape(-1) for ts in pieces for t in ts]
         # One buffer per dtype (a grouped request may hold several): each type is reduced in
@@ -155,7 +154,7 @@ class Executor:
             for i in members:
                 reduced[i] = buf[offset : offset + flat[i].numel()]
                 offset += flat[i].numel()
-        factor = post / len(ranks) if op == AVERAGE else post
+        factor = result_factor(op, sig.postscale, len(ranks))
         done = iter(reduced)
         for ready, tensors in zip(readies, pieces, strict=True):
             _deliver(ready, [scale(next(done).view(t.shape), factor) for t in tensors])
@@ -165,21 +164,21 @@ class Executor:
         here from each rank's bytes, in the set's rank order (so every rank computes the same
         bits), with Horovod's scaling; a rank that joined counts as zeros."""
         sig = ready.entry.signatures[_any(ready)]
-        op, pre, post = sig[4], sig[5], sig[6]
-        dtype = getattr(torch, sig[1])
+        op, pre = sig.op, sig.prescale
+        (dtype,) = set(dtypes(sig))
         total: torch.Tensor | None = None
         for rank in ready.members:
             got = ready.entry.locals.get(rank)
             if got is None:  # joined: zeros, as on the wire
-                part = torch.zeros(sum(int(torch.Size(s).numel()) for s in sig[3]), dtype=dtype)
+                part = torch.zeros(nbytes(sig) // dtype.itemsize, dtype=dtype)
             else:
                 part = torch.frombuffer(bytearray(got[0]), dtype=torch.uint8).view(dtype)
             part = scale(part, pre)
             total = part if total is None else _combine(total, part, op)
         assert total is not None
-        factor = post / len(ready.members) if op == AVERAGE else post
+        factor = result_factor(op, sig.postscale, len(ready.members))
         outs, offset = [], 0
-        for shape in sig[3]:
+        for shape in sig.shapes:
             n = int(torch.Size(shape).numel())
             outs.append(scale(total[offset : offset + n].view(shape), factor).clone())
             offset += n
@@ -218,7 +217,7 @@ class Executor:
 
     def _broadcast(self, ready: Ready, group: Any, ranks: Sequence[int]) -> list[torch.Tensor]:
         assert ready.mine is not None
-        root = ready.entry.signatures[self.rank][7]
+        root = ready.entry.signatures[self.rank].root
         outs = []
         for t in ready.mine.tensors:
             buf = wire(t.detach().clone().contiguous())
@@ -244,14 +243,13 @@ class Executor:
     def _reducescatter(self, ready: Ready, group: Any, ranks: Sequence[int]) -> list[torch.Tensor]:
         assert ready.mine is not None
         sig = ready.entry.signatures[self.rank]
-        op, pre, post = sig[4], sig[5], sig[6]
         me, n = ranks.index(self.rank), len(ranks)
+        pre, factor = sig.prescale, result_factor(sig.op, sig.postscale, n)
         flat = [scale(t, pre).reshape(-1) for t in ready.mine.tensors]
         buf = wire(flat[0].clone() if len(flat) == 1 else torch.cat(flat))
         if n > 1:
             dist.all_reduce(buf, op=dist.ReduceOp.SUM, group=group)
         buf = buf.to(flat[0].dtype)
-        factor = post / n if op == AVERAGE else post
         outs, offset = [], 0
         for t in ready.mine.tensors:
             whole = buf[offset : offset + t.numel()].view(t.shape)
@@ -289,14 +287,14 @@ def _inputs(ready: Ready) -> list[torch.Tensor]:
     if ready.mine is not None:
         return [t.detach() for t in ready.mine.tensors]
     sig = ready.entry.signatures[_any(ready)]
-    device = torch.device(sig[2], torch.cuda.current_device()) if sig[2] == "cuda" else "cpu"
+    device = torch.device("cuda", torch.cuda.current_device()) if sig.device == "cuda" else "cpu"
     return [torch.zeros(shape, dtype=dtype, device=device)
-            for shape, dtype in zip(sig[3], dtypes(sig), strict=True)]  # fmt: skip
+            for shape, dtype in zip(sig.shapes, dtypes(sig), strict=True)]  # fmt: skip
 
 
 def _fusion_key(ready: Ready) -> tuple[Any, ...]:
     sig = ready.entry.signatures[_any(ready)]
-    return (ready.entry.ps_id, sig[1], sig[2], sig[4], sig[5], sig[6])
+    return (ready.entry.ps_id, sig.dtype, sig.device, sig.op, sig.prescale, sig.postscale)
 
 
 def _nbytes(ready: Ready) -> int:

@@ -26,7 +26,6 @@ Example:
 from __future__ import annotations
 
 import datetime
-import os
 import zlib
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -36,10 +35,9 @@ import torch
 import torch.distributed as dist
 
 from hvdrunner.engine.negotiator import Negotiator
-from hvdrunner.engine.requests import AVERAGE, SUM
+from hvdrunner.engine.requests import AVERAGE, SUM, result_factor
 from hvdrunner.errors import HorovodInternalError
 
-LANE_ENV = "HVDRUNNER_GRADIENT_LANE"
 #: Float types whose sums of the header's small integers are exact (float16 is not).
 DTYPES = (torch.float32, torch.float64)
 #: Ops the lane runs (a sum underneath); others stay negotiated.
@@ -49,11 +47,6 @@ STALL_S = 1.0
 _SLICE_S = 0.05
 #: Fingerprints stay below this, so that ``size * fingerprint`` is exact in float32.
 _FP_RANGE = 2**11
-
-
-def enabled() -> bool:
-    """Whether the lane may be used (``HVDRUNNER_GRADIENT_LANE=0`` turns it off)."""
-    return os.environ.get(LANE_ENV, "1").strip() != "0"
 
 
 @dataclass(frozen=True)
@@ -301,7 +294,7 @@ class Step:
         must be posted)."""
         layout = self._layout
         assert self.next_index == len(layout.shapes), "a bucket was never posted"
-        factor = layout.post / self._lane.size if layout.op == AVERAGE else layout.post
+        factor = result_factor(layout.op, layout.post, self._lane.size)
         if self._header[0]:
             self._lane.steps += 1
         results = []

@@ -22,33 +22,51 @@ another rank (so that rank finds it there); a round with no progress waits one c
 from __future__ import annotations
 
 import contextlib
-import os
 import threading
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch.distributed as dist
 
 from hvdrunner._logging import get_logger
 from hvdrunner.engine.exchange import exchange
-from hvdrunner.engine.requests import ALLREDUCE, BARRIER, Handle, Request, first_difference
+from hvdrunner.engine.requests import (
+    ALLREDUCE,
+    BARRIER,
+    Announcement,
+    CachedAnnouncement,
+    Handle,
+    Request,
+    Signature,
+    first_difference,
+)  # fmt: skip
+from hvdrunner.engine.settings import Settings
 from hvdrunner.errors import HorovodInternalError
 
 _log = get_logger()
 
-SIG_FIELDS = ("operation", "data type", "device", "tensor shapes", "reduction op",
-              "prescale factor", "postscale factor", "root rank", "arguments")  # fmt: skip
-CYCLE_ENV, CYCLE_MS = "HOROVOD_CYCLE_TIME", 1.0
 #: The longest wait between rounds that made no progress.
 IDLE_MAX_S = 0.01
 #: How long shutdown() waits for the last round with the other ranks.
 SHUTDOWN_WAIT_S = 30.0
-#: How long every rank of a set may wait on requests that cannot be matched before all of
-#: them are told so (a deadlock: e.g. ranks made different numbers of unnamed collectives);
-#: read at init(), as every engine setting.
-DEADLOCK_ENV, DEADLOCK_S = "HVDRUNNER_DEADLOCK_S", 10.0
+
+
+class Flags(NamedTuple):
+    """What a rank tells the others in every round, besides its new requests."""
+
+    joined: bool  # it called join() and serves the others' allreduces with zeros
+    leaving: bool  # it called shutdown()
+    waiting: bool  # a caller is blocked on this set (the deadlock watch)
+    declaring: bool  # the set's first rank declares a deadlock this round
+
+
+class Message(NamedTuple):
+    """One rank's part of a round."""
+
+    flags: Flags
+    announced: list[Announcement | CachedAnnouncement]
 
 
 @dataclass
@@ -57,7 +75,7 @@ class Entry:
 
     kind: str
     ps_id: int
-    signatures: dict[int, tuple[Any, ...]] = field(default_factory=dict)
+    signatures: dict[int, Signature] = field(default_factory=dict)
     locals: dict[int, tuple[Any, ...]] = field(default_factory=dict)
 
 
@@ -83,7 +101,7 @@ class Negotiator:
     ``ranks`` are the set's global ranks in the order of its ``control`` group."""
 
     def __init__(self, control: dist.ProcessGroup, ranks: tuple[int, ...], rank: int,
-                 execute: Executor) -> None:  # fmt: skip
+                 execute: Executor, settings: Settings) -> None:  # fmt: skip
         self.rank, self.ranks = rank, ranks
         self.control: dist.ProcessGroup | None = control  # None once released
         self._execute = execute
@@ -92,7 +110,7 @@ class Negotiator:
         self._mine: dict[tuple[int, str], Request] = {}  # announced, not finished
         self._table: dict[tuple[int, str], Entry] = {}
         self._cache: dict[tuple[Any, ...], int] = {}  # response cache: request -> number
-        self._cached: list[tuple[Any, ...]] = []
+        self._cached: list[tuple[str, str, int, Signature]] = []
         self._joined: dict[int, int] = {}  # rank -> round it joined in
         self._join_handle: Handle | None = None
         self._shutdown = False
@@ -105,8 +123,8 @@ class Negotiator:
         self.deadlock_error = ""
         self._declare = False
         self._stuck_since: float | None = None
-        self._cycle_s = float(os.environ.get(CYCLE_ENV, CYCLE_MS)) / 1000.0
-        self._deadlock_s = float(os.environ.get(DEADLOCK_ENV, DEADLOCK_S))
+        self._cycle_s = settings.cycle_s
+        self._deadlock_s = settings.deadlock_s
         self._idle_s = self._cycle_s
         self._elsewhere = False  # the table waits on another rank (set by each round)
         self._turn = threading.Lock()  # held by whichever thread runs a round
@@ -242,14 +260,16 @@ class Negotiator:
                        or self._finished()):  # fmt: skip
                 self._lock.wait()
 
-    def _encode(self, request: Request) -> tuple[Any, ...]:
+    def _encode(self, request: Request) -> Announcement | CachedAnnouncement:
         """A request's announcement: its number when every rank knows it already."""
         full = request.announcement()
-        number = self._cache.get(full[:4])
-        return (number, full[4]) if number is not None else full
+        number = self._cache.get(full.agreed())
+        return CachedAnnouncement(number, full.local) if number is not None else full
 
-    def _decode(self, item: tuple[Any, ...]) -> tuple[Any, ...]:
-        return (*self._cached[item[0]], item[1]) if len(item) == 2 else item
+    def _decode(self, item: Announcement | CachedAnnouncement) -> Announcement:
+        if isinstance(item, CachedAnnouncement):
+            return Announcement(*self._cached[item.number], item.local)
+        return item
 
     def _one_round(self) -> bool:
         with self._lock:
@@ -257,20 +277,21 @@ class Negotiator:
             for request in new:
                 self._mine[(request.ps_id, request.name)] = request
             waiting = self._waiting > 0 or self._join_handle is not None
-            flags = (self._join_handle is not None, self._shutdown, waiting, self._declare)
-        gathered = exchange((flags, [self._encode(r) for r in new]), len(self.ranks), self.control)
+            flags = Flags(self._join_handle is not None, self._shutdown, waiting, self._declare)
+        mine = Message(flags, [self._encode(r) for r in new])
+        gathered: list[Message] = exchange(mine, len(self.ranks), self.control)
         self._round += 1
-        for rank, ((joined, *_), announced) in zip(self.ranks, gathered, strict=False):
-            if joined and rank not in self._joined:
+        for rank, message in zip(self.ranks, gathered, strict=False):
+            if message.flags.joined and rank not in self._joined:
                 self._joined[rank] = self._round
-            for item in announced:
-                name, kind, ps_id, signature, local = self._decode(item)
-                entry = self._table.setdefault((ps_id, name), Entry(kind, ps_id))
-                entry.signatures[rank] = signature
-                entry.locals[rank] = local
-        leaving = [rank for rank, ((_, down, *_), _) in zip(self.ranks, gathered, strict=False)
-                   if down]  # fmt: skip
-        progressed = bool(any(a for _, a in gathered))
+            for item in message.announced:
+                a = self._decode(item)
+                entry = self._table.setdefault((a.ps_id, a.name), Entry(a.kind, a.ps_id))
+                entry.signatures[rank] = a.signature
+                entry.locals[rank] = a.local
+        leaving = [rank for rank, message in zip(self.ranks, gathered, strict=False)
+                   if message.flags.leaving]  # fmt: skip
+        progressed = any(message.announced for message in gathered)
         progressed |= self._run_ready()
         progressed |= self._complete_join()
         self._watch_for_deadlock(gathered, progressed)
@@ -282,14 +303,14 @@ class Negotiator:
             self._fail_all(HorovodInternalError(f"Horovod has been shut down (rank {leaving[0]})"))
         return progressed
 
-    def _watch_for_deadlock(self, gathered: list[Any], progressed: bool) -> None:
+    def _watch_for_deadlock(self, gathered: list[Message], progressed: bool) -> None:
         """Every rank of the set blocked on a request that another rank never made: nothing
         can change, so say so on every rank instead of hanging (Horovod stalls there). The
         set's first rank declares it after ``HVDRUNNER_DEADLOCK_S``; all act in the round it
         does."""
         stuck = (not progressed and bool(self._table)
-                 and all(flags[2] for flags, _ in gathered))  # fmt: skip
-        if any(flags[3] for flags, _ in gathered):
+                 and all(message.flags.waiting for message in gathered))  # fmt: skip
+        if any(message.flags.declaring for message in gathered):
             self._break_deadlock()
             return
         if not stuck:
@@ -363,7 +384,7 @@ class Negotiator:
 
     def _remember(self, key: tuple[int, str], entry: Entry, some_rank: int) -> None:
         """Number a request every rank agreed on, the same way on every rank."""
-        full = (key[1], entry.kind, key[0], entry.signatures[some_rank])
+        full = Announcement(key[1], entry.kind, key[0], entry.signatures[some_rank], ()).agreed()
         if full not in self._cache:
             self._cache[full] = len(self._cached)
             self._cached.append(full)
@@ -402,7 +423,7 @@ def _verdict(entry: Entry, active: list[int], joined: frozenset[int],
     """The error every rank gives for this request, or ``None`` when it can run."""
     sigs = {r: entry.signatures[r] for r in active}
     if len(set(sigs.values())) > 1:
-        return first_difference(entry.kind, sigs, SIG_FIELDS)
+        return first_difference(entry.kind, sigs)
     gone = sorted(r for r in members if r in joined)
     if gone and entry.kind not in (ALLREDUCE, BARRIER):
         return (

@@ -42,6 +42,7 @@ from hvdrunner.engine.requests import (
     SUM,
     Handle,
     Request,
+    Signature,
     describe,
     inline,
     payload,
@@ -103,7 +104,7 @@ def _name(kind: str, name: str | None) -> str:
 
 
 def _signature(kind: str, tensors: Sequence[torch.Tensor], op: int = -1, pre: float = 1.0,
-               post: float = 1.0, root: int = -1, full: bool = True) -> tuple[Any, ...]:  # fmt: skip
+               post: float = 1.0, root: int = -1, full: bool = True) -> Signature:  # fmt: skip
     """What every rank must send alike. The data type is one name, or one per tensor for a
     grouped allreduce of several types (Horovod runs it; each type is reduced in its own
     buffer, engine.execute)."""
@@ -113,8 +114,8 @@ def _signature(kind: str, tensors: Sequence[torch.Tensor], op: int = -1, pre: fl
         raise ValueError(f"grouped {kind}: every tensor must have one dtype and one device")
     dtype: Any = dtypes[0] if len(set(dtypes)) == 1 else dtypes
     shapes = tuple(tuple(t.shape) if full else tuple(t.shape[1:]) for t in tensors)
-    return (kind, dtype if dtypes else "", devices.pop() if devices else "", shapes,
-            op, scale_key(pre), scale_key(post), root, len(tensors))  # fmt: skip
+    return Signature(kind, dtype if dtypes else "", devices.pop() if devices else "", shapes,
+                     op, scale_key(pre), scale_key(post), root, len(tensors))  # fmt: skip
 
 
 # -- allreduce ------------------------------------------------------------------------------
@@ -311,7 +312,7 @@ def reducescatter_async(tensor: torch.Tensor, name: str | None = None, op: int =
 def barrier(process_set: ProcessSet = global_process_set) -> None:
     """Wait until every rank of the set got here."""
     ps_id, _ = state.resolve(process_set)
-    request = Request(_name(BARRIER, None), BARRIER, ps_id, (BARRIER,), ())
+    request = Request(_name(BARRIER, None), BARRIER, ps_id, Signature(BARRIER), ())
     synchronize(_launch(request, lambda outs: None))
 
 

@@ -23,7 +23,6 @@ Example:
 from __future__ import annotations
 
 import contextlib
-import os
 import warnings
 from collections.abc import Iterable, Iterator
 from typing import Any
@@ -81,9 +80,7 @@ class _Distributed(torch.optim.Optimizer):
         self._lane_ctx: dict[int, list[Any]] = {}
         self._bucket_index: dict[tuple[torch.Tensor, ...], int] = {}
         self._lane_offer = process_set.process_set_id == 0  # until the ranks answered
-        if process_set.included() and (
-            state.size() > 1 or os.environ.get("HOROVOD_ELASTIC") == "1"
-        ):
+        if process_set.included() and (state.size() > 1 or state.current().settings.elastic):
             self._register_hooks()
 
     def _trainable(self) -> list[torch.Tensor]:

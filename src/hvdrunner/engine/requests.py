@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import threading
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 
@@ -30,6 +30,51 @@ PROCESS_SET = "add_process_set"
 AVERAGE, SUM, ADASUM, MIN, MAX, PRODUCT = 0, 1, 2, 3, 4, 5
 OP_NAMES = {AVERAGE: "Average", SUM: "Sum", ADASUM: "Adasum", MIN: "Min", MAX: "Max",
             PRODUCT: "Product"}  # fmt: skip
+
+
+class Signature(NamedTuple):
+    """What every rank of a set must send alike for one request. ``dtype`` is one name, or
+    one per tensor for a grouped allreduce of several types; ``shapes`` leave out the first
+    dimension where ranks may differ (allgather, alltoall); ``arguments`` is the number of
+    tensors, or what else ranks must agree on (a process set's ranks)."""
+
+    operation: str
+    dtype: str | tuple[str, ...] = ""
+    device: str = ""
+    shapes: tuple[tuple[int, ...], ...] = ()
+    op: int = -1
+    prescale: float = 1.0
+    postscale: float = 1.0
+    root: int = -1
+    arguments: Any = ()
+
+
+#: How a mismatch names each field of a :class:`Signature` (Horovod's words).
+SIGNATURE_WORDS = ("operation", "data type", "device", "tensor shapes", "reduction op",
+                   "prescale factor", "postscale factor", "root rank", "arguments")  # fmt: skip
+
+
+class Announcement(NamedTuple):
+    """A request as a round carries it, whole (its first time), else as
+    :class:`CachedAnnouncement`."""
+
+    name: str
+    kind: str
+    ps_id: int
+    signature: Signature
+    local: tuple[Any, ...]
+
+    def agreed(self) -> tuple[str, str, int, Signature]:
+        """What every rank must announce alike (the response cache's key)."""
+        return (self.name, self.kind, self.ps_id, self.signature)
+
+
+class CachedAnnouncement(NamedTuple):
+    """A request every rank has agreed on before: its number in the response cache, and
+    what may differ this time."""
+
+    number: int
+    local: tuple[Any, ...]
 
 
 class Handle:
@@ -71,7 +116,7 @@ class Request:
     name: str
     kind: str
     ps_id: int
-    signature: tuple[Any, ...]
+    signature: Signature
     local: tuple[Any, ...] = ()
     tensors: list[torch.Tensor] = field(default_factory=list)
     outputs: list[torch.Tensor] | None = None  # in place: the results go here
@@ -81,8 +126,15 @@ class Request:
     def __post_init__(self) -> None:
         self.handle = Handle(self.name)
 
-    def announcement(self) -> tuple[str, str, int, tuple[Any, ...], tuple[Any, ...]]:
-        return (self.name, self.kind, self.ps_id, self.signature, self.local)
+    def announcement(self) -> Announcement:
+        return Announcement(self.name, self.kind, self.ps_id, self.signature, self.local)
+
+
+def result_factor(op: int, postscale: float, size: int) -> float:
+    """What a reduction's sum is multiplied by at the end (Horovod's arithmetic: the inputs
+    were multiplied by the prescale factor; ``Average`` divides by the set's size there):
+    one rule for every path that reduces (engine.execute, the gradient lane)."""
+    return postscale / size if op == AVERAGE else postscale
 
 
 #: An allreduce of CPU tensors up to this many bytes travels inside the negotiation round
@@ -93,24 +145,24 @@ class Request:
 INLINE_BYTES = 1024
 
 
-def dtypes(sig: tuple[Any, ...]) -> list[torch.dtype]:
+def dtypes(sig: Signature) -> list[torch.dtype]:
     """Each tensor's dtype in a signature (one name for all, or one per tensor)."""
-    names = sig[1] if isinstance(sig[1], tuple) else (sig[1],) * len(sig[3])
+    names = sig.dtype if isinstance(sig.dtype, tuple) else (sig.dtype,) * len(sig.shapes)
     return [getattr(torch, name) for name in names]
 
 
-def nbytes(sig: tuple[Any, ...]) -> int:
+def nbytes(sig: Signature) -> int:
     """The bytes of a signature's tensors, all together."""
     return sum(int(torch.Size(s).numel()) * d.itemsize
-               for s, d in zip(sig[3], dtypes(sig), strict=True))  # fmt: skip
+               for s, d in zip(sig.shapes, dtypes(sig), strict=True))  # fmt: skip
 
 
-def inline(sig: tuple[Any, ...]) -> bool:
+def inline(sig: Signature) -> bool:
     """Whether an allreduce of this signature travels in its round (the same answer on
     every rank: it depends on what they agreed on alone)."""
-    if sig[0] != ALLREDUCE or sig[2] != "cpu" or isinstance(sig[1], tuple) or not sig[1]:
+    if sig.operation != ALLREDUCE or sig.device != "cpu" or not isinstance(sig.dtype, str):
         return False
-    return nbytes(sig) <= INLINE_BYTES
+    return bool(sig.dtype) and nbytes(sig) <= INLINE_BYTES
 
 
 def payload(tensors: list[torch.Tensor]) -> bytes:
@@ -136,7 +188,8 @@ def mismatch_message(kind: str, what: str, mine: Any, theirs: Any, ranks: tuple[
     )
 
 
-def first_difference(kind: str, sigs: dict[int, tuple[Any, ...]], fields: tuple[str, ...]) -> str:
+def first_difference(kind: str, sigs: dict[int, Signature],
+                     fields: tuple[str, ...] = SIGNATURE_WORDS) -> str:  # fmt: skip
     """The first field in which two ranks' signatures differ, worded as Horovod does."""
     ranks = sorted(sigs)
     base = ranks[0]

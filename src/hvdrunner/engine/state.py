@@ -11,8 +11,8 @@ Example:
 from __future__ import annotations
 
 import atexit
+import datetime
 import itertools
-import os
 import threading
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -24,10 +24,10 @@ from hvdrunner.engine import execute, negotiator, timeline, world
 from hvdrunner.engine import lane as gradient_lane
 from hvdrunner.engine import process_sets as set_registry
 from hvdrunner.engine.process_sets import ProcessSet, global_process_set
-from hvdrunner.engine.requests import PROCESS_SET, Request
+from hvdrunner.engine.requests import PROCESS_SET, Request, Signature
+from hvdrunner.engine.settings import Settings
 
 NOT_INITIALIZED = "Horovod has not been initialized; use hvd.init()."
-TIMELINE_ENV = "HOROVOD_TIMELINE"
 
 
 @dataclass
@@ -44,6 +44,7 @@ class ProcessSetState:
 class Engine:
     """Everything one ``init()`` made; gone at ``shutdown()``."""
 
+    settings: Settings
     topology: world.Topology
     groups: world.Groups
     sets: dict[int, ProcessSetState] = field(default_factory=dict)
@@ -56,8 +57,8 @@ class Engine:
         me = self.topology.rank
         found = None
         if me in ranks:
-            run = execute.Executor(me, lambda _: (data, ranks))
-            found = negotiator.Negotiator(control, ranks, me, run)
+            run = execute.Executor(me, lambda _: (data, ranks), self.settings.fusion_bytes)
+            found = negotiator.Negotiator(control, ranks, me, run, self.settings)
         self.sets[ps_id] = ProcessSetState(ranks, data, found)
 
     def auto_name(self, kind: str) -> str:
@@ -88,9 +89,10 @@ def init(comm: Any = None, process_sets: Sequence[ProcessSet] | None = None) -> 
     with _lock:
         if _engine is not None:
             return
+        settings = Settings.from_environment()
         env = world.World.from_environment()
-        groups, topology = world.join_world(env, lane=gradient_lane.enabled())
-        engine = Engine(topology, groups)
+        groups, topology = world.join_world(env, settings)
+        engine = Engine(settings, topology, groups)
         engine.open_set(0, tuple(range(topology.size)), groups.data, groups.control)
         found = engine.sets[0].negotiator
         if groups.lane is not None and found is not None:
@@ -100,7 +102,7 @@ def init(comm: Any = None, process_sets: Sequence[ProcessSet] | None = None) -> 
         global_process_set.ranks = list(range(topology.size))
         for ps in process_sets or ():
             add_process_set(ps)
-        path = os.environ.get(TIMELINE_ENV, "")
+        path = settings.timeline
         if path and path != "DYNAMIC" and topology.rank == 0:
             timeline.start(path)
 
@@ -200,7 +202,8 @@ def add_process_set(process_set: ProcessSet | Sequence[int]) -> ProcessSet:
         raise ValueError(f"Attempted to add a duplicate process set: {ps}")
     _agree_on_set(engine.next_set_id, ranks)
     # Every rank creates every set's groups (torch's rule), members or not.
-    data = dist.new_group(list(ranks), timeout=world.data_timeout(), backend=world.data_backend())
+    timeout = datetime.timedelta(seconds=engine.settings.data_timeout_s)
+    data = dist.new_group(list(ranks), timeout=timeout, backend=world.data_backend())
     control = dist.new_group(list(ranks), timeout=world.ROUND_TIMEOUT, backend="gloo")
     ps.process_set_id = engine.next_set_id
     engine.next_set_id += 1
@@ -213,7 +216,7 @@ def _agree_on_set(ps_id: int, ranks: tuple[int, ...]) -> None:
     sets): a negotiated request on the global set, so ranks that disagree get an error on
     every rank, and a rank that never registers it is named by the deadlock watch, instead
     of a hang in torch's group creation."""
-    sig = (PROCESS_SET, "", "", (), -1, 1.0, 1.0, -1, f"ranks {list(ranks)}")
+    sig = Signature(PROCESS_SET, arguments=f"ranks {list(ranks)}")
     request = submit(Request(f"hvdrunner.process_set.{ps_id}", PROCESS_SET, 0, sig))
     wait(request)
 

@@ -33,17 +33,16 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
+from hvdrunner.engine.settings import INIT_TIMEOUT_ENV, Settings
+
 #: How long a negotiation round may wait for a peer that is busy computing: Horovod has no
 #: such bound (a rank may train for hours between collectives); a dead peer is seen at once
 #: (its sockets close), and HorovodRunner's stall watchdog bounds the rest.
 ROUND_TIMEOUT = datetime.timedelta(days=7)
-#: A data collective starts only once every rank agreed on it, so it ends promptly or fails.
-DATA_TIMEOUT_ENV = "HVDRUNNER_COLLECTIVE_TIMEOUT_S"
-DATA_TIMEOUT_S = 1800.0
-#: How long ``init()`` waits for every rank to arrive (the store at MASTER_ADDR:MASTER_PORT
-#: included): Horovod's own setting and default for its gloo rendezvous. A peer that died or
-#: never started is named then, instead of a wait for the collective timeout.
-INIT_TIMEOUT_ENV, INIT_TIMEOUT_S = "HOROVOD_GLOO_TIMEOUT_SECONDS", 30.0
+# A data collective starts only once every rank agreed on it, so it ends promptly or fails
+# (settings.DATA_TIMEOUT_ENV). init() waits settings.INIT_TIMEOUT_ENV for every rank to arrive
+# (the store at MASTER_ADDR:MASTER_PORT included): a peer that died or never started is named
+# then, instead of a wait for the collective timeout.
 NOT_ARRIVED = (
     "hvd.init(): rank(s) {missing} of {size} did not arrive within {timeout:.0f} s (a peer "
     "died, was never started, or runs another job's init). Every rank must call hvd.init(); "
@@ -221,18 +220,6 @@ def _meet(store: dist.Store, world: World, timeout: float) -> None:
         pause = min(2 * pause, 0.05)
 
 
-def init_timeout() -> float:
-    """``HOROVOD_GLOO_TIMEOUT_SECONDS`` (read at ``init()``), else Horovod's 30 s."""
-    raw = os.environ.get(INIT_TIMEOUT_ENV, "")
-    try:
-        seconds = float(raw) if raw else INIT_TIMEOUT_S
-    except ValueError:
-        raise ValueError(f"{INIT_TIMEOUT_ENV}={raw!r} is not a number of seconds") from None
-    if seconds <= 0:
-        raise ValueError(f"{INIT_TIMEOUT_ENV}={raw!r} must be a positive number of seconds")
-    return seconds
-
-
 STORES = _Stores()
 
 
@@ -251,15 +238,6 @@ def data_backend() -> str:
     return "gloo"
 
 
-def data_timeout() -> datetime.timedelta:
-    raw = os.environ.get(DATA_TIMEOUT_ENV, "")
-    try:
-        seconds = float(raw) if raw else DATA_TIMEOUT_S
-    except ValueError:
-        raise ValueError(f"{DATA_TIMEOUT_ENV}={raw!r} is not a number of seconds") from None
-    return datetime.timedelta(seconds=seconds)
-
-
 @dataclass
 class Groups:
     """The process groups of one ``init()``: ``data`` carries tensors, ``control`` the
@@ -272,15 +250,17 @@ class Groups:
     lane: dist.ProcessGroup | None = None
 
 
-def join_world(world: World, lane: bool = True) -> tuple[Groups, Topology]:
+def join_world(world: World, settings: Settings) -> tuple[Groups, Topology]:
     """Meet the other ranks: torch's default group (unless one exists), the engine's own
-    groups (the gradient lane's when ``lane``), and every rank's host name for the topology."""
+    groups (the gradient lane's when ``settings.lane``), and every rank's host name for the
+    topology."""
     owns = False
+    data_timeout = datetime.timedelta(seconds=settings.data_timeout_s)
     if not dist.is_initialized():
-        store = STORES.next(world, init_timeout())
+        store = STORES.next(world, settings.init_timeout_s)
         dist.init_process_group(
             data_backend(), store=store, rank=world.rank, world_size=world.size,
-            timeout=data_timeout(),
+            timeout=data_timeout,
         )  # fmt: skip
         owns = True
     elif dist.get_world_size() != world.size or dist.get_rank() != world.rank:
@@ -290,14 +270,14 @@ def join_world(world: World, lane: bool = True) -> tuple[Groups, Topology]:
             f"{world.size}. Start the job with one launcher's environment."
         )
     ranks = list(range(world.size))
-    data = dist.new_group(ranks, timeout=data_timeout(), backend=data_backend())
+    data = dist.new_group(ranks, timeout=data_timeout, backend=data_backend())
     control = dist.new_group(ranks, timeout=ROUND_TIMEOUT, backend="gloo")
     lane_group = None
-    if lane and world.size > 1:
+    if settings.lane and world.size > 1:
         # A bucket waits on its peers' backward, which may take as long as a round does
         # (NCCL keeps the data timeout: its watchdog is what notices a hung peer there).
         backend = data_backend()
-        timeout = ROUND_TIMEOUT if backend == "gloo" else data_timeout()
+        timeout = ROUND_TIMEOUT if backend == "gloo" else data_timeout
         lane_group = dist.new_group(ranks, timeout=timeout, backend=backend)
     hosts: list[str] = [""] * world.size
     dist.all_gather_object(hosts, _host_name(), group=control)
