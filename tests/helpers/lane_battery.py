@@ -88,6 +88,30 @@ def main(out: str) -> None:
     check("same bits, predivided average", same_bits({"gradient_predivide_factor": 2.0}))
     check("same bits, sum", same_bits({"op": hvd.Sum}))
 
+    def one_request_per_gradient() -> None:
+        """``groups=None`` means Horovod's one request per gradient on the negotiated path
+        (the lane, off here, buckets them); ``groups=1`` one request for all four."""
+        os.environ[settings.LANE_ENV] = "0"
+        try:
+            for options, want in (({}, [1, 1, 1, 1]), ({"groups": 1}, [4])):
+                hvd.init()
+                model = torch.nn.Sequential(torch.nn.Linear(6, 16), torch.nn.Linear(16, 3))
+                opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1),
+                                               named_parameters=model.named_parameters(),
+                                               **options)  # fmt: skip
+                model(torch.randn(8, 6)).sum().backward()
+                opt.step()
+                names = {n for n, _ in model.named_parameters()}
+                agreed = state.negotiator_of(0)._cached  # every request the ranks agreed on
+                sent = sorted(sig.arguments for name, kind, _, sig in agreed
+                              if kind == "allreduce" and name in names)  # fmt: skip
+                assert sent == want, (options, sent)
+                hvd.shutdown()
+        finally:
+            os.environ[settings.LANE_ENV] = "1"
+
+    check("groups=None: one request per gradient, as Horovod", one_request_per_gradient)
+
     def uneven_join() -> None:
         carried, last = both_ways({}, extra_steps=3)  # rank 1 has 3 more batches
         assert last == 1, last

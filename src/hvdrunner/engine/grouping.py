@@ -13,13 +13,14 @@ from typing import Any
 
 import torch
 
-#: ``groups=None``: the optimizer forms DDP-like buckets itself.
-AUTO: Any = object()
-#: A bucket's size (DDP's default), or one parameter alone when larger.
+#: A bucket's size (DDP's default ``bucket_cap_mb``), or one parameter alone when larger: the
+#: one bucket rule, for ``DistributedOptimizer``'s lane and ``hvdrunner.torch``'s groups.
 BUCKET_BYTES = 25 * 2**20
 
 
-def buckets(params: list[torch.Tensor], cap: int = BUCKET_BYTES) -> list[tuple[torch.Tensor, ...]]:
+def buckets(
+    params: list[torch.Tensor], cap: float = BUCKET_BYTES
+) -> list[tuple[torch.Tensor, ...]]:
     """``params`` (in definition order) as groups of at most ``cap`` bytes, last ones first
     (roughly the order backward finishes them). A bucket holds one dtype on one device, as
     DDP's do: a model with float32 and float64 (or float16) parameters gets a bucket per type,

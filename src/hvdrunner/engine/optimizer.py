@@ -3,10 +3,12 @@
 The returned optimizer is an instance of the wrapped optimizer's own class (``isinstance``
 and ``state_dict`` unchanged), with a hook on every trainable parameter: once its gradient is
 accumulated ``backward_passes_per_step`` times, its allreduce is requested (or its group's,
-once the whole group is ready); ``step()`` waits for them first. The engine fuses requests
-that are ready in the same round into one buffer, so per-parameter requests travel together.
-Once every rank's optimizer agreed on its buckets (at the end of the first step), the buckets
-take the gradient lane (engine.lane): no negotiation round per step, the same results.
+once the whole group is ready); ``step()`` waits for them first. ``groups=None`` means what
+it means in Horovod: one request per gradient, which the engine fuses with the others ready
+in the same round into one buffer. Once every rank's optimizer agreed on its buckets (at the
+end of the first step), the buckets take the gradient lane (engine.lane): no negotiation
+round per step, the same results bit for bit. The buckets are the groups given, or for
+``groups=None`` the one bucket rule (engine.grouping.buckets, DDP's).
 
 Example:
     >>> from hvdrunner.engine import state
@@ -31,7 +33,7 @@ import torch
 
 from hvdrunner.engine import ops, state
 from hvdrunner.engine.compression import Compression, Compressor
-from hvdrunner.engine.grouping import AUTO, buckets, check_groups, parameter_names
+from hvdrunner.engine.grouping import buckets, check_groups, parameter_names
 from hvdrunner.engine.lane import Lane, Step, layout_of, sources
 from hvdrunner.engine.ops import ADASUM, ADASUM_REFUSED, AVERAGE, SUM, synchronize
 from hvdrunner.engine.process_sets import ProcessSet, global_process_set
@@ -68,11 +70,12 @@ class _Distributed(torch.optim.Optimizer):
         self._requires_update: set[torch.Tensor] = set()
         self._synchronized = False
         self._should_synchronize = True
-        # No groups given: DDP-like buckets (BUCKET_BYTES, in reverse order of definition,
-        # roughly the order backward finishes them), each one grouped request as soon as its
-        # gradients exist, instead of one request per tensor. Results are the same (sums are
-        # elementwise); the exchange needs fewer rounds.
-        self._groups = AUTO if groups is None else check_groups(groups)
+        # No groups given: one request per gradient on the negotiated path (Horovod's
+        # meaning), and DDP-like buckets (engine.grouping) for the lane only, where a request
+        # per gradient would be an allreduce per gradient. Results are the same either way
+        # (sums are elementwise).
+        self._groups = check_groups(groups)
+        self._per_tensor = groups is None
         self._p_to_group: dict[torch.Tensor, tuple[torch.Tensor, ...]] = {}
         self._group_counts: dict[tuple[torch.Tensor, ...], int] = {}  # in bucket order
         self._lane: Lane | None = None  # the gradient lane, once the ranks agreed on it
@@ -87,8 +90,7 @@ class _Distributed(torch.optim.Optimizer):
         return [p for g in self.param_groups for p in g["params"] if p.requires_grad]
 
     def _register_hooks(self) -> None:
-        if self._groups is not None:
-            self._form_groups()
+        self._form_groups()
         for p in self._trainable():
             self._requires_update.add(p)
             self._hooks.append(p.register_post_accumulate_grad_hook(self._make_hook(p)))
@@ -101,7 +103,7 @@ class _Distributed(torch.optim.Optimizer):
         order = broadcast_object([self._parameter_names[p] for p in params], root_rank=0,
                                  name="optimizer.parameter_order", process_set=self.process_set)  # fmt: skip
         params.sort(key=lambda p: order.index(self._parameter_names[p]))
-        if self._groups is AUTO:
+        if self._groups is None:
             formed = buckets(params)
         elif isinstance(self._groups, list):
             ids = {id(p) for p in params}
@@ -133,7 +135,7 @@ class _Distributed(torch.optim.Optimizer):
             self._delay[p] -= 1
             handle, ctx = None, None
             if self._delay[p] == 0:
-                if self._groups is not None:
+                if self._grouped():
                     if p.grad is not None and p.grad.is_sparse:  # goes alone, sparse
                         self._handles[p] = self._allreduce_async(p)
                     group = self._p_to_group[p]
@@ -145,6 +147,11 @@ class _Distributed(torch.optim.Optimizer):
             self._handles[p] = (handle, ctx)
 
         return hook
+
+    def _grouped(self) -> bool:
+        """Whether gradients go by groups now: given groups, or the lane's buckets once the
+        ranks took the lane; else one request each (``groups=None``, negotiated)."""
+        return not self._per_tensor or self._on_lane()
 
     def _scales(self) -> tuple[float, float]:
         if self.op == AVERAGE:
@@ -260,11 +267,12 @@ class _Distributed(torch.optim.Optimizer):
             self._lane_synchronize()
             self._synchronized = True
             return
+        grouped = set(self._p_to_group) if self._grouped() else set()
         for key, (handle, _ctx) in list(self._handles.items()):
-            if handle is None and key in self._p_to_group:  # its group goes as one, below
+            if handle is None and key in grouped:  # its group goes as one, below
                 del self._handles[key]
         for group, count in list(self._group_counts.items()):
-            if count != -1:  # backward did not complete it here (it may elsewhere)
+            if grouped and count != -1:  # backward did not complete it here (it may elsewhere)
                 for p in group:
                     if p.grad is not None and p.grad.is_sparse and p not in self._handles:
                         self._handles[p] = self._allreduce_async(p)
@@ -272,7 +280,7 @@ class _Distributed(torch.optim.Optimizer):
         done: set[torch.Tensor] = set()
         for key in self._handles:
             done.update(key) if isinstance(key, tuple) else done.add(key)
-        for p in self._requires_update - done - set(self._p_to_group):
+        for p in self._requires_update - done - grouped:
             self._handles[p] = self._allreduce_async(p)
         for key, (handle, _ctx) in list(self._handles.items()):
             if handle is None:
@@ -294,7 +302,7 @@ class _Distributed(torch.optim.Optimizer):
             self._group_counts[group] = 0
         self._handles.clear()
         self._synchronized = True
-        if self._lane_offer and self._groups is not None:
+        if self._lane_offer and self._group_counts:
             self._offer_lane()
 
     @contextlib.contextmanager

@@ -24,6 +24,7 @@ from hvdrunner import _versions
 from hvdrunner.core import metrics as core_metrics
 from hvdrunner.core import settings
 from hvdrunner.core.sync import check_fingerprints, weight_fingerprint
+from hvdrunner.engine import grouping
 from hvdrunner.torch.config import BUCKET_CAP_MB
 
 SYNC_FIX = (
@@ -71,7 +72,8 @@ def init(seed: int = 0, num_threads: int | None = None) -> torch.device:
 def buckets(model: torch.nn.Module, cap_mb: float = BUCKET_CAP_MB) -> list[list[torch.Tensor]]:
     """The trainable parameters in gradient-exchange groups of at most ``cap_mb`` each (a
     larger tensor alone), in reverse definition order: roughly the order backward finishes
-    their gradients, as DDP's buckets.
+    their gradients, one dtype and device per group, as DDP's buckets (the engine's one
+    bucket rule, :func:`hvdrunner.engine.grouping.buckets`).
 
     Each group goes out as one grouped allreduce once all its gradients exist, instead of one
     request per tensor that Horovod's background cycle may split over several rounds.
@@ -80,16 +82,8 @@ def buckets(model: torch.nn.Module, cap_mb: float = BUCKET_CAP_MB) -> list[list[
         >>> [len(b) for b in buckets(torch.nn.Linear(4, 2))]
         [2]
     """
-    out: list[list[torch.Tensor]] = [[]]
-    size = 0
-    for p in reversed([p for p in model.parameters() if p.requires_grad]):
-        nbytes = p.numel() * p.element_size()
-        if out[-1] and size + nbytes > cap_mb * 2**20:
-            out.append([])
-            size = 0
-        out[-1].append(p)
-        size += nbytes
-    return [b for b in out if b]
+    trainable = [p for p in model.parameters() if p.requires_grad]
+    return [list(b) for b in grouping.buckets(trainable, cap_mb * 2**20)]
 
 
 def distributed_optimizer(

@@ -55,8 +55,8 @@ class FitConfig(TrainingSettings):
         num_threads: torch CPU threads per rank (``None``: cores / ranks per host).
             Default ``None``.
         bucket_cap_mb: gradients go out in groups of at most this many MB, as DDP's
-            buckets; 0: one request per tensor (models whose ranks leave different
-            parameters without gradients). Default ``25``.
+            buckets; 0: one request per tensor, as Horovod's ``groups=None`` (models whose
+            ranks leave different parameters without gradients). Default ``25``.
     """
 
     loss: str | Callable[[Any, Any], Any]
