@@ -82,7 +82,7 @@ def buckets(model: torch.nn.Module, cap_mb: float = BUCKET_CAP_MB) -> list[list[
         >>> [len(b) for b in buckets(torch.nn.Linear(4, 2))]
         [2]
     """
-    trainable = [p for p in model.parameters() if p.requires_grad]
+    trainable: list[torch.Tensor] = [p for p in model.parameters() if p.requires_grad]
     return [list(b) for b in grouping.buckets(trainable, cap_mb * 2**20)]
 
 
