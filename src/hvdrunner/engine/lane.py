@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import datetime
 import zlib
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -308,3 +308,86 @@ class Step:
                 offset += n
             results.append(outs)
         return results
+
+
+SPARSE_ON_LANE = (
+    "a sparse gradient appeared after the ranks' optimizers agreed on dense buckets for the "
+    "gradient lane; pass sparse_as_dense=True or set HVDRUNNER_GRADIENT_LANE=0"
+)
+Buckets = Sequence[tuple[torch.Tensor, ...]]
+
+
+class Reducer:
+    """One optimizer's side of the lane, as a DDP reducer: the one offer every rank answers,
+    each step's buckets posted as backward completes them, and the reduced gradients put
+    back. The optimizer keeps which buckets backward completed; this keeps the rest.
+
+    ``offering``: the ranks have not answered yet (only the global set's optimizers ask)."""
+
+    def __init__(self, buckets: Buckets, names: dict[torch.Tensor, str], compression: Any,
+                 offering: bool) -> None:  # fmt: skip
+        self._buckets = list(buckets)
+        self._index = {bucket: i for i, bucket in enumerate(self._buckets)}
+        self._names, self._compression = names, compression
+        self.offering = offering
+        self.lane: Lane | None = None
+        self.step: Step | None = None  # the step in flight: buckets posted, not finished
+        self._ctx: dict[int, list[Any]] = {}
+
+    def active(self, current: Lane | None) -> bool:
+        """Whether this optimizer's steps take ``current`` (the running engine's lane); a
+        new ``init()`` made another lane, and the ranks must agree again."""
+        if self.lane is not None and self.lane is not current:
+            self.lane, self.step, self.offering = None, None, True
+        return self.lane is not None
+
+    def offer(self, lane: Lane | None, op: int, pre: float, post: float,
+              agree: Callable[[torch.Tensor], torch.Tensor]) -> None:  # fmt: skip
+        """After a negotiated step: ask the ranks, once, to take the lane from the next
+        step (``agree``: the negotiated sum over the set). A rank that cannot sends
+        ``[1, 0]`` (everyone stays negotiated for good); a joined rank's zeros defer the
+        answer to the next step."""
+        if lane is None or not lane.claim(self):
+            self.offering = False
+            return
+        layout = layout_of(self._buckets, self._compression, op, pre, post)
+        fp = layout.fingerprint() if layout is not None else 0
+        got = agree(torch.tensor([1, fp], dtype=torch.int64))
+        ranks, fingerprints = int(got[0]), int(got[1])
+        if ranks < lane.size:
+            return
+        self.offering = False
+        if layout is not None and fingerprints == ranks * fp:
+            lane.accept(layout, sources(self._buckets, self._names))
+            self.lane = lane
+
+    def post(self, bucket: tuple[torch.Tensor, ...]) -> None:
+        """``bucket``'s gradients (all exist) go out, compressed, once the buckets before
+        it did; the step starts with the first bucket posted."""
+        assert self.lane is not None
+        if self.step is None:
+            self.step = self.lane.start(sources(self._buckets, self._names))
+        sent, ctxs = [], []
+        for p in bucket:
+            if p.grad is None or p.grad.is_sparse:
+                raise RuntimeError(SPARSE_ON_LANE)
+            t, ctx = self._compression.compress(p.grad)
+            sent.append(t)
+            ctxs.append(ctx)
+        index = self._index[bucket]
+        self._ctx[index] = ctxs
+        self.step.ready(index, sent)
+
+    def finish(self) -> None:
+        """Wait for every bucket (all posted) and put the reduced, decompressed gradients in
+        place of the local ones."""
+        try:
+            assert self.step is not None
+            results = self.step.finish()
+        finally:
+            self.step = None
+        for index, (bucket, outs) in enumerate(zip(self._buckets, results, strict=True)):
+            for p, out, ctx in zip(bucket, outs, self._ctx[index], strict=True):
+                grad = p.grad
+                assert grad is not None  # posted: it exists
+                grad.set_(self._compression.decompress(out, ctx))

@@ -34,7 +34,7 @@ import torch
 from hvdrunner.engine import ops, state
 from hvdrunner.engine.compression import Compression, Compressor
 from hvdrunner.engine.grouping import buckets, check_groups, parameter_names
-from hvdrunner.engine.lane import Lane, Step, layout_of, sources
+from hvdrunner.engine.lane import Reducer
 from hvdrunner.engine.ops import ADASUM, ADASUM_REFUSED, AVERAGE, SUM, synchronize
 from hvdrunner.engine.process_sets import ProcessSet, global_process_set
 
@@ -44,10 +44,6 @@ EXTRA_PASS = (
     "Gradients were computed more than backward_passes_per_step times before call to step() "
     "(parameter {name!r}, backward_passes_per_step={passes}). Increase "
     "backward_passes_per_step to accumulate gradients locally."
-)
-SPARSE_ON_LANE = (
-    "a sparse gradient appeared after the ranks' optimizers agreed on dense buckets for the "
-    "gradient lane; pass sparse_as_dense=True or set HVDRUNNER_GRADIENT_LANE=0"
 )
 
 
@@ -78,11 +74,8 @@ class _Distributed(torch.optim.Optimizer):
         self._per_tensor = groups is None
         self._p_to_group: dict[torch.Tensor, tuple[torch.Tensor, ...]] = {}
         self._group_counts: dict[tuple[torch.Tensor, ...], int] = {}  # in bucket order
-        self._lane: Lane | None = None  # the gradient lane, once the ranks agreed on it
-        self._lane_step: Step | None = None
-        self._lane_ctx: dict[int, list[Any]] = {}
-        self._bucket_index: dict[tuple[torch.Tensor, ...], int] = {}
-        self._lane_offer = process_set.process_set_id == 0  # until the ranks answered
+        # The gradient lane (engine.lane), once the ranks agreed on this optimizer's buckets.
+        self._reducer = Reducer((), self._parameter_names, compression, offering=False)
         if process_set.included() and (state.size() > 1 or state.current().settings.elastic):
             self._register_hooks()
 
@@ -122,7 +115,9 @@ class _Distributed(torch.optim.Optimizer):
             for p in group:
                 self._p_to_group[p] = group
             self._group_counts[group] = 0
-        self._bucket_index = {group: i for i, group in enumerate(self._group_counts)}
+        offering = self.process_set.process_set_id == 0  # only the global set's ask
+        self._reducer = Reducer(list(self._group_counts), self._parameter_names,
+                                self._compression, offering)  # fmt: skip
 
     def _make_hook(self, p: torch.Tensor) -> Any:
         def hook(*_: Any) -> None:
@@ -197,66 +192,30 @@ class _Distributed(torch.optim.Optimizer):
 
     # -- the gradient lane (engine.lane) ---------------------------------------------------
     def _on_lane(self) -> bool:
-        lane = self._lane
-        if lane is not None and lane is not state.current().lane:  # a new init(): ask again
-            self._lane, self._lane_step, self._lane_offer = None, None, True
-            return False
-        return lane is not None
+        return self._reducer.active(state.current().lane)
 
     def _lane_post(self, group: tuple[torch.Tensor, ...]) -> None:
-        assert self._lane is not None
-        if self._lane_step is None:
-            groups = list(self._group_counts)
-            self._lane_step = self._lane.start(sources(groups, self._parameter_names))
-        sent, ctxs = [], []
-        for p in group:
-            if p.grad is None or p.grad.is_sparse:
-                raise RuntimeError(SPARSE_ON_LANE)
-            t, ctx = self._compression.compress(p.grad)
-            sent.append(t)
-            ctxs.append(ctx)
-        index = self._bucket_index[group]
-        self._lane_ctx[index] = ctxs
-        self._lane_step.ready(index, sent)
+        self._reducer.post(group)
 
     def _lane_synchronize(self) -> None:
         try:
             for group, count in list(self._group_counts.items()):
                 if count != -1:  # backward did not complete it here: it goes now
                     self._submit_group(group)
-            assert self._lane_step is not None
-            results = self._lane_step.finish()
+            self._reducer.finish()
         finally:
-            self._lane_step = None
             self._handles.clear()  # the passes' placeholders (backward_passes_per_step > 1)
             for group in self._group_counts:
                 self._group_counts[group] = 0
-        for index, (group, outs) in enumerate(zip(self._group_counts, results, strict=True)):
-            for p, out, ctx in zip(group, outs, self._lane_ctx[index], strict=True):
-                self._delay[p] = self.backward_passes_per_step
-                grad = p.grad
-                assert grad is not None  # posted: it exists
-                grad.set_(self._compression.decompress(out, ctx))
+        for p in self._p_to_group:
+            self._delay[p] = self.backward_passes_per_step
 
     def _offer_lane(self) -> None:
-        """After a negotiated step: ask the ranks, once, to take the lane from the next
-        step. A rank that cannot sends ``[1, 0]`` (everyone stays negotiated for good); a
-        joined rank's zeros defer the answer to the next step."""
-        lane = state.current().lane
-        if lane is None or not lane.claim(self):
-            self._lane_offer = False
-            return
-        layout = layout_of(list(self._group_counts), self._compression, self.op, *self._scales())
-        fp = layout.fingerprint() if layout is not None else 0
-        got = synchronize(ops.allreduce_async(torch.tensor([1, fp], dtype=torch.int64), op=SUM,
-                                              name=LANE_OFFER, process_set=self.process_set))  # fmt: skip
-        ranks, fingerprints = int(got[0]), int(got[1])
-        if ranks < lane.size:
-            return
-        self._lane_offer = False
-        if layout is not None and fingerprints == ranks * fp:
-            lane.accept(layout, sources(list(self._group_counts), self._parameter_names))
-            self._lane = lane
+        def agree(offer: torch.Tensor) -> torch.Tensor:
+            return synchronize(ops.allreduce_async(offer, op=SUM, name=LANE_OFFER,
+                                                   process_set=self.process_set))  # fmt: skip
+
+        self._reducer.offer(state.current().lane, self.op, *self._scales(), agree)
 
     def synchronize(self) -> None:
         """Wait for every gradient's allreduce (requesting those backward did not reach)."""
@@ -302,7 +261,7 @@ class _Distributed(torch.optim.Optimizer):
             self._group_counts[group] = 0
         self._handles.clear()
         self._synchronized = True
-        if self._lane_offer and self._group_counts:
+        if self._reducer.offering and self._group_counts:
             self._offer_lane()
 
     @contextlib.contextmanager
@@ -332,7 +291,7 @@ class _Distributed(torch.optim.Optimizer):
         return self._base().step(closure)
 
     def zero_grad(self, set_to_none: bool = True) -> None:
-        if self._handles or self._lane_step is not None:
+        if self._handles or self._reducer.step is not None:
             raise AssertionError(
                 "optimizer.zero_grad() was called after loss.backward() but before "
                 "optimizer.step() or optimizer.synchronize(). This is prohibited as it can "
@@ -341,7 +300,7 @@ class _Distributed(torch.optim.Optimizer):
         return self._base().zero_grad(set_to_none)
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        if self._lane_step is not None:  # posted buckets: the peers wait for the rest
+        if self._reducer.step is not None:  # posted buckets: the peers wait for the rest
             self._lane_synchronize()
         self._handles = {}
         self._synchronized = False
