@@ -21,7 +21,6 @@ import torch
 import torch.distributed as dist
 
 from hvdrunner.engine import timeline
-from hvdrunner.engine.negotiator import Ready
 from hvdrunner.engine.requests import (
     ALLGATHER,
     ALLREDUCE,
@@ -35,6 +34,7 @@ from hvdrunner.engine.requests import (
     PRODUCT,
     REDUCESCATTER,
     SUM,
+    Ready,
     dtypes,
     inline,
     nbytes,

@@ -25,8 +25,7 @@ import contextlib
 import threading
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
-from typing import Any, NamedTuple
+from typing import Any
 
 import torch.distributed as dist
 
@@ -37,7 +36,11 @@ from hvdrunner.engine.requests import (
     BARRIER,
     Announcement,
     CachedAnnouncement,
+    Entry,
+    Flags,
     Handle,
+    Message,
+    Ready,
     Request,
     Signature,
     first_difference,
@@ -51,44 +54,6 @@ _log = get_logger()
 IDLE_MAX_S = 0.01
 #: How long shutdown() waits for the last round with the other ranks.
 SHUTDOWN_WAIT_S = 30.0
-
-
-class Flags(NamedTuple):
-    """What a rank tells the others in every round, besides its new requests."""
-
-    joined: bool  # it called join() and serves the others' allreduces with zeros
-    leaving: bool  # it called shutdown()
-    waiting: bool  # a caller is blocked on this set (the deadlock watch)
-    declaring: bool  # the set's first rank declares a deadlock this round
-
-
-class Message(NamedTuple):
-    """One rank's part of a round."""
-
-    flags: Flags
-    announced: list[Announcement | CachedAnnouncement]
-
-
-@dataclass
-class Entry:
-    """One request name as every rank sees it: who announced what."""
-
-    kind: str
-    ps_id: int
-    signatures: dict[int, Signature] = field(default_factory=dict)
-    locals: dict[int, tuple[Any, ...]] = field(default_factory=dict)
-
-
-@dataclass
-class Ready:
-    """A request every member announced: its table entry and this rank's own request
-    (``None`` on a rank that joined and serves it with zeros)."""
-
-    key: tuple[int, str]
-    entry: Entry
-    mine: Request | None
-    members: tuple[int, ...]
-    error: str | None = None
 
 
 #: Runs a batch of ready requests on the data groups (engine.execute.Executor).

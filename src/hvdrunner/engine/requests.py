@@ -5,7 +5,9 @@ A request's ``signature`` is what every rank of its process set must send alike 
 operation, dtype, device, shapes but the first dimension where ranks may differ, the
 reduction, the root); ``local`` is what may differ and is exchanged with it (an allgather's
 first dimension, an alltoall's splits). Ranks that disagree get an error naming both sides,
-as Horovod's coordinator gives.
+as Horovod's coordinator gives. The records of a negotiation round live here too, each named
+(what a rank sends in a round, the table entry every rank keeps, a request found ready), and
+Horovod's arithmetic's one rule for the final scaling (:func:`result_factor`).
 
 Example:
     >>> h = Handle("allreduce.x")
@@ -204,3 +206,42 @@ def first_difference(kind: str, sigs: dict[int, Signature],
                 return mismatch_message(kind, name, left, right, (base, other))
         return mismatch_message(kind, "arguments", a, b, (base, other))
     return f"Mismatched {kind}"  # pragma: no cover - called only on a difference
+
+
+# -- a round's records ----------------------------------------------------------------------
+class Flags(NamedTuple):
+    """What a rank tells the others in every round, besides its new requests."""
+
+    joined: bool  # it called join() and serves the others' allreduces with zeros
+    leaving: bool  # it called shutdown()
+    waiting: bool  # a caller is blocked on this set (the deadlock watch)
+    declaring: bool  # the set's first rank declares a deadlock this round
+
+
+class Message(NamedTuple):
+    """One rank's part of a round."""
+
+    flags: Flags
+    announced: list[Announcement | CachedAnnouncement]
+
+
+@dataclass
+class Entry:
+    """One request name as every rank sees it: who announced what."""
+
+    kind: str
+    ps_id: int
+    signatures: dict[int, Signature] = field(default_factory=dict)
+    locals: dict[int, tuple[Any, ...]] = field(default_factory=dict)
+
+
+@dataclass
+class Ready:
+    """A request every member announced: its table entry and this rank's own request
+    (``None`` on a rank that joined and serves it with zeros)."""
+
+    key: tuple[int, str]
+    entry: Entry
+    mine: Request | None
+    members: tuple[int, ...]
+    error: str | None = None
