@@ -165,7 +165,7 @@ class Executor:
         bits), with Horovod's scaling; a rank that joined counts as zeros."""
         sig = ready.entry.signatures[_any(ready)]
         op, pre = sig.op, sig.prescale
-        (dtype,) = set(dtypes(sig))
+        dtype = dtypes(sig)[0]  # one type: requests.inline takes no grouped mix
         total: torch.Tensor | None = None
         for rank in ready.members:
             got = ready.entry.locals.get(rank)

@@ -18,6 +18,7 @@ Example:
 
 from __future__ import annotations
 
+import datetime
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -49,6 +50,11 @@ class Settings:
     init_timeout_s: float = INIT_TIMEOUT_S
     data_timeout_s: float = DATA_TIMEOUT_S
     elastic: bool = False
+
+    @property
+    def data_timeout(self) -> datetime.timedelta:
+        """``data_timeout_s`` as torch's process groups take it."""
+        return datetime.timedelta(seconds=self.data_timeout_s)
 
     @classmethod
     def from_environment(cls, env: Mapping[str, str] | None = None) -> Settings:

@@ -11,7 +11,6 @@ Example:
 from __future__ import annotations
 
 import atexit
-import datetime
 import itertools
 import threading
 from collections.abc import Sequence
@@ -202,8 +201,8 @@ def add_process_set(process_set: ProcessSet | Sequence[int]) -> ProcessSet:
         raise ValueError(f"Attempted to add a duplicate process set: {ps}")
     _agree_on_set(engine.next_set_id, ranks)
     # Every rank creates every set's groups (torch's rule), members or not.
-    timeout = datetime.timedelta(seconds=engine.settings.data_timeout_s)
-    data = dist.new_group(list(ranks), timeout=timeout, backend=world.data_backend())
+    data = dist.new_group(list(ranks), timeout=engine.settings.data_timeout,
+                          backend=world.data_backend())  # fmt: skip
     control = dist.new_group(list(ranks), timeout=world.ROUND_TIMEOUT, backend="gloo")
     ps.process_set_id = engine.next_set_id
     engine.next_set_id += 1

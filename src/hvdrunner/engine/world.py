@@ -255,7 +255,7 @@ def join_world(world: World, settings: Settings) -> tuple[Groups, Topology]:
     groups (the gradient lane's when ``settings.lane``), and every rank's host name for the
     topology."""
     owns = False
-    data_timeout = datetime.timedelta(seconds=settings.data_timeout_s)
+    data_timeout = settings.data_timeout
     if not dist.is_initialized():
         store = STORES.next(world, settings.init_timeout_s)
         dist.init_process_group(
