@@ -210,3 +210,57 @@ def test_multihost_check_fails_only_for_loopback_name_with_unpatched_horovod():
     assert multihost_check(HostFacts("node7", "127.0.1.1", True, "0.28.1")).ok is True
     assert multihost_check(HostFacts("node7", "10.0.0.7", False, "0.28.1")).ok is True
     assert multihost_check(HostFacts("node7", None, None, None)).ok is None
+
+
+def _cluster_like_site(tmp_path: Path) -> Path:
+    """This interpreter's site-packages as a Databricks cluster lays it out: pyspark
+    importable without package metadata (a cluster puts /databricks/spark/python on the path),
+    MLflow installed as ``mlflow-skinny`` (the only MLflow of ML runtimes since 15.4)."""
+    import mlflow
+
+    real = Path(mlflow.__file__).resolve().parents[1]
+    site = tmp_path / "site-packages"
+    site.mkdir()
+    for entry in real.iterdir():
+        name = entry.name.lower()
+        if not (name.startswith(("pyspark-", "mlflow-", "mlflow_")) and name.endswith(".dist-info")):
+            (site / entry.name).symlink_to(entry)
+    skinny = site / f"mlflow_skinny-{mlflow.__version__}.dist-info"
+    skinny.mkdir()
+    (skinny / "METADATA").write_text(
+        f"Metadata-Version: 2.1\nName: mlflow-skinny\nVersion: {mlflow.__version__}\n"
+    )
+    return site
+
+
+def test_a_clusters_pyspark_without_metadata_and_its_mlflow_skinny_pass_the_doctor(tmp_path):
+    import json
+
+    import mlflow
+    import pyspark
+
+    site = _cluster_like_site(tmp_path)
+    src = str(Path(hvdrunner.__file__).resolve().parents[1])
+    script = f"""
+import importlib.metadata as md, json, site, sys
+site.addsitedir({str(site)!r})
+sys.path.insert(0, {src!r})
+from hvdrunner.doctor import evaluate_stack, installed_versions
+def meta(d):
+    try:
+        return md.version(d)
+    except md.PackageNotFoundError:
+        return None
+versions = installed_versions()
+checks = {{c.name: c.ok for c in evaluate_stack(versions)}}
+print(json.dumps({{"meta": [meta("pyspark"), meta("mlflow")], "versions": versions,
+                  "checks": checks}}))
+"""
+    proc = subprocess.run([sys.executable, "-S", "-c", script], capture_output=True, text=True,
+                          timeout=120)  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    out = json.loads(proc.stdout.splitlines()[-1])
+    assert out["meta"] == [None, None]  # as on a cluster: no metadata under these names
+    assert out["versions"]["pyspark"] == pyspark.__version__
+    assert out["versions"]["mlflow"] == mlflow.__version__
+    assert out["checks"]["pyspark"] is True and out["checks"]["mlflow"] is True

@@ -14,9 +14,9 @@ import pytest
 
 from hvdrunner import HorovodRunner, HorovodRunnerError, tracking
 
-# Mode-specific (Horovod's Keras layer and the guard / model saving / checkpoint files):
-# also in tf_keras mode (make test-tf-keras).
-pytestmark = [pytest.mark.keras, pytest.mark.keras_mode]
+# The Keras tests; those whose code differs by Keras mode (the logged model, autolog) are
+# marked keras_mode and run again in tf_keras mode (make test-tf-keras).
+pytestmark = pytest.mark.keras
 
 FAKE_TOKEN = "dapi-FAKE-TOKEN-0123456789abcdef"
 
@@ -67,6 +67,7 @@ def _all_runs():
 
 
 @pytest.mark.timeout(300)
+@pytest.mark.keras_mode  # the logged model's format differs by Keras mode
 def test_one_run_rank0_writes_averaged_metrics_and_model(spark, store):
     with mlflow.start_run() as run:
         result = HorovodRunner(np=2).run(train_tracked, epochs=3)
@@ -168,6 +169,7 @@ def fit_with_autolog() -> None:
     )
 
 
+@pytest.mark.keras_mode  # autolog patches the mode's Keras
 @pytest.mark.timeout(180)
 def test_autolog_on_rank0_only_into_the_job_run(store):
     with mlflow.start_run() as run:

@@ -1,4 +1,5 @@
-"""Installed framework versions and the Keras mode, from package metadata only.
+"""Installed framework versions and the Keras mode, from package metadata (or, for a package a
+Databricks cluster ships without metadata, its version file).
 
 A leaf: no TensorFlow, PyTorch, Horovod or hvdrunner import, so the launcher, the rank entry
 point, ``doctor`` and the benchmarks can decide before anything heavy loads.
@@ -16,8 +17,10 @@ Example:
 from __future__ import annotations
 
 import importlib.metadata as md
+import importlib.util
 import json
 import os
+import re
 
 LEGACY_ENV = "TF_USE_LEGACY_KERAS"
 BACKEND_ENV = "KERAS_BACKEND"
@@ -48,12 +51,50 @@ HOROVOD_FRAMEWORKS = (
 LIBRARY_PACKAGES = ("tensorflow", "keras", "tf_keras", "torch", "horovod", "hvdrunner/engine")
 
 
+#: Where a Databricks runtime ships a package under another distribution name: MLflow as
+#: ``mlflow-skinny`` (every ML runtime since 15.4 names only the skinny one).
+ALIASES = {"mlflow": ("mlflow", "mlflow-skinny")}
+#: Packages a cluster puts on the path with no distribution metadata at all (pyspark comes
+#: from the runtime's Spark, /databricks/spark/python): their version is read from the
+#: module's own version file, without importing it.
+VERSION_FILES = {"pyspark": "version.py"}
+
+
 def version(dist: str) -> str | None:
-    """The installed version of distribution ``dist``, or ``None``."""
-    try:
-        return md.version(dist)
-    except md.PackageNotFoundError:
+    """The installed version of distribution ``dist``, or ``None``.
+
+    Where no metadata says (pyspark on a Databricks cluster), the package's own version file
+    does; MLflow counts as installed as ``mlflow`` or ``mlflow-skinny``.
+
+    Example:
+        >>> version("no-such-package") is None
+        True
+    """
+    for name in ALIASES.get(dist, (dist,)):
+        try:
+            return md.version(name)
+        except md.PackageNotFoundError:
+            continue
+    return _version_file(dist)
+
+
+def _version_file(package: str) -> str | None:
+    """``__version__`` as written in ``package``'s version file, found on ``sys.path``
+    without importing the package; ``None`` where there is none."""
+    file = VERSION_FILES.get(package)
+    spec = importlib.util.find_spec(package) if file else None
+    if spec is None or not spec.submodule_search_locations:
         return None
+    for folder in spec.submodule_search_locations:
+        try:
+            with open(os.path.join(folder, file), encoding="utf-8") as f:
+                text = f.read()
+        except OSError:
+            continue
+        found = re.search(r"""__version__(?:\s*:\s*str)?\s*=\s*["']([^"']+)["']""", text)
+        if found:
+            return found.group(1)
+    return None
 
 
 def major_minor(text: str) -> tuple[int, int]:

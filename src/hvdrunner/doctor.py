@@ -348,23 +348,26 @@ def check(master: str | None = None) -> None:
         )
 
 
+#: The distributions evaluate_stack reads.
+STACK_PACKAGES = ("tensorflow", "torch", "keras", "tf_keras", "numpy", "pyarrow", "petastorm",
+                  "pyspark", "mlflow")  # fmt: skip
+
+
+def installed_versions() -> dict[str, str | None]:
+    """What evaluate_stack reads, as installed here; a cluster's pyspark (no package
+    metadata) and its ``mlflow-skinny`` count (``_versions.version``).
+
+    Example:
+        >>> sorted(installed_versions()) == sorted(STACK_PACKAGES)
+        True
+    """
+    return {d: _version(d) for d in STACK_PACKAGES}
+
+
 def run_doctor(master: str | None = None, quiet: bool = False) -> int:
     """Print the checklist (only failures with ``quiet``); 1 when a required piece is missing."""
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")  # the checks load TF; keep its banner out
-    versions = {
-        d: _version(d)
-        for d in (
-            "tensorflow",
-            "torch",
-            "keras",
-            "tf_keras",
-            "numpy",
-            "pyarrow",
-            "petastorm",
-            "pyspark",
-            "mlflow",
-        )
-    }
+    versions = installed_versions()
     checks = (
         evaluate_build(collect_build_info())
         + [multihost_check(multihost.host_facts())]

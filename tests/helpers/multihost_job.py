@@ -46,6 +46,9 @@ SCENARIOS = ("collectives", "recipe", "fit", "unpatched", "hidden_cache", "host_
 #: host_timeout of the lost-host jobs (the default is 30 s): a cut link closes nothing, so
 #: silence for this long is how its loss is detected.
 HOST_TIMEOUT_S = 8.0
+#: Epochs of the lost-host jobs: the strike comes after epoch 2, and the 1 s each later epoch
+#: waits keeps the first attempt running for seconds after it.
+LOST_HOST_EPOCHS = 6
 
 
 # -- functions that run in the ranks -------------------------------------------------------
@@ -190,7 +193,7 @@ def fit_slowly_after_epoch2(marker: str, **kwargs: Any) -> Any:
                 if hvd.rank() == 0:
                     Path(marker).write_text(json.dumps(hosts))
             if epoch >= 1:
-                time.sleep(0.5)
+                time.sleep(1.0)
 
     return fit(callbacks=[Slow()], **kwargs)
 
@@ -336,9 +339,9 @@ class Job:
         mlflow.set_tracking_uri(f"sqlite:///{self.shared / 'mlflow.db'}")
         mlflow.set_experiment("multihost")
         marker, ckpt = self.shared / f"epoch2-{how}.json", self.shared / f"ckpt-{how}"
-        kwargs = dict(build_model=build_mlp, data=data, epochs=12, batch_size=32,
+        kwargs = dict(build_model=build_mlp, data=data, epochs=LOST_HOST_EPOCHS, batch_size=32,
                       loss="sparse_categorical_crossentropy", checkpoint_dir=str(ckpt),
-                      keep_checkpoints=2, verbose=0)  # fmt: skip
+                      keep_checkpoints=2, log_model=False, verbose=0)  # fmt: skip
         struck: dict[str, Any] = {}
 
         def strike() -> None:
