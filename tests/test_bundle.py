@@ -282,3 +282,43 @@ def test_the_artifact_build_empties_dist_first(tmp_path):
     assert proc.returncode == 0, proc.stdout + proc.stderr
     wheels = sorted(p.name for p in dist.iterdir())
     assert not stale.exists() and len(wheels) == 1 and wheels[0].startswith("hvdrunner-")
+
+
+@pytest.mark.parametrize("name", TARGETS)
+def test_every_cluster_is_one_a_workspace_takes_and_every_training_task_is_bounded(name):
+    config = _resolved(name)
+    for job_name, job in config["resources"]["jobs"].items():
+        for cluster in job["job_clusters"]:
+            spec = cluster["new_cluster"]
+            assert bundle.cluster_problems(spec) == [], (job_name, spec)
+            assert "driver_node_type_id" not in spec  # the driver is a GPU node too
+            assert spec.get("policy_id", "") == ""  # none unless --var policy_id=...
+    user = config["workspace"]["current_user"]["userName"]
+    for job_name, train in (("hvdrunner_train", "train_keras"), ("hvdrunner_train_torch", "train_torch")):
+        task = _task(_job(config, job_name), train)
+        assert int(task["timeout_seconds"]) == 14400
+        (rule,) = task["health"]["rules"]
+        assert rule["metric"] == "RUN_DURATION_SECONDS" and rule["op"] == "GREATER_THAN"
+        assert int(rule["value"]) == 7200 < int(task["timeout_seconds"])
+        told = task["email_notifications"]
+        assert told["on_failure"] == told["on_duration_warning_threshold_exceeded"] == [user]
+    policy = bundle.target(ROOT, name, USER, {**VALUES, "policy_id": "ABC123", "service_principal": SP})
+    for job in policy["resources"]["jobs"].values():
+        assert all(c["new_cluster"]["policy_id"] == "ABC123" for c in job["job_clusters"])
+
+
+def test_the_stand_in_refuses_a_cpu_driver_on_a_gpu_runtime_as_a_workspace_does(tmp_path):
+    from helpers.standin import StandIn, StandInError
+
+    gpu = {"spark_version": "18.x-gpu-ml-scala2.13", "node_type_id": "g5.xlarge"}
+    assert bundle.cluster_problems(gpu) == []
+    assert bundle.cluster_problems(gpu | {"driver_node_type_id": "Standard_NC4as_T4_v3"}) == []
+    (problem,) = bundle.cluster_problems(gpu | {"driver_node_type_id": "m5.xlarge"})
+    assert "driver_node_type_id 'm5.xlarge' is not a GPU instance type" in problem
+    assert bundle.cluster_problems({"spark_version": "18.x-cpu-ml-scala2.13",
+                                    "node_type_id": "m5.xlarge"}) == []  # fmt: skip
+    ws = StandIn(tmp_path, "dev", VALUES, USER)
+    ws.config["resources"]["jobs"]["hvdrunner_train"]["job_clusters"][0]["new_cluster"][
+        "driver_node_type_id"] = "m5.xlarge"  # fmt: skip
+    with pytest.raises(StandInError, match=r"hvdrunner_train\.gpu_cluster: .*m5\.xlarge"):
+        ws.deploy()

@@ -24,6 +24,9 @@ import yaml
 
 REF = re.compile(r"\$\{([a-zA-Z0-9_.\[\]-]+)\}")
 WORKSPACE_KEYS = ("root_path", "file_path", "artifact_path", "state_path", "resource_path")
+#: GPU instance families by cloud (AWS g4dn/g5/g6/p3/p4d/p5, Azure NC/ND/NV, GCP a2/a3/g2):
+#: Databricks' GPU-enabled compute takes only these for driver and workers on a GPU runtime.
+GPU_NODE = re.compile(r"^(?:(?:g4dn|g5|g6|g6e|p3|p4d|p4de|p5)\.|Standard_N[CDV]|(?:a2|a3|g2)-)")
 DEFAULT_LEAVES = {  # default_workspace_paths.go
     "file_path": "files", "artifact_path": "artifacts", "state_path": "state",
     "resource_path": "resources",
@@ -279,3 +282,17 @@ def run_problems(config: dict[str, Any], target: str, command: str) -> list[str]
         if declared and k not in declared
     ]
     return problems
+
+
+def cluster_problems(cluster: dict[str, Any]) -> list[str]:
+    """What a workspace refuses in a resolved ``new_cluster`` on a GPU ML runtime: a driver or
+    worker type that is not a GPU instance type (Databricks, "GPU-enabled compute"); [] if
+    nothing. Without ``driver_node_type_id`` the driver is a node of ``node_type_id``."""
+    if "-gpu-ml-" not in str(cluster.get("spark_version", "")):
+        return []
+    return [
+        f"{key} {cluster[key]!r} is not a GPU instance type: a GPU runtime needs GPU driver "
+        "and worker types"
+        for key in ("node_type_id", "driver_node_type_id")
+        if key in cluster and not GPU_NODE.match(str(cluster[key]))
+    ]

@@ -72,7 +72,13 @@ class StandIn:
         return re.sub(r"(?<![\w/])/(?:Volumes|Workspace)/\S*", lambda m: str(self.map(m[0])), text)
 
     def deploy(self) -> None:
-        """``bundle deploy``: the tracked files to file_path, then the artifact build there."""
+        """``bundle deploy``: the tracked files to file_path, then the artifact build there.
+        A job cluster a workspace would refuse (bundle.cluster_problems) fails it first."""
+        for name, job in self.config["resources"]["jobs"].items():
+            for cluster in job.get("job_clusters", []):
+                problems = bundle.cluster_problems(cluster["new_cluster"])
+                if problems:
+                    raise StandInError(f"{name}.{cluster['job_cluster_key']}: {problems}")
         copy_repository(self.files)
         build = self.config["artifacts"]["hvdrunner_wheel"]["build"].split()
         proc = subprocess.run([sys.executable, *build[1:]], cwd=self.files, capture_output=True,
