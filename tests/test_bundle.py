@@ -294,7 +294,10 @@ def test_every_cluster_is_one_a_workspace_takes_and_every_training_task_is_bound
             assert "driver_node_type_id" not in spec  # the driver is a GPU node too
             assert spec.get("policy_id", "") == ""  # none unless --var policy_id=...
     user = config["workspace"]["current_user"]["userName"]
-    for job_name, train in (("hvdrunner_train", "train_keras"), ("hvdrunner_train_torch", "train_torch")):
+    for job_name, train in (
+        ("hvdrunner_train", "train_keras"),
+        ("hvdrunner_train_torch", "train_torch"),
+    ):
         task = _task(_job(config, job_name), train)
         assert int(task["timeout_seconds"]) == 14400
         (rule,) = task["health"]["rules"]
@@ -302,7 +305,9 @@ def test_every_cluster_is_one_a_workspace_takes_and_every_training_task_is_bound
         assert int(rule["value"]) == 7200 < int(task["timeout_seconds"])
         told = task["email_notifications"]
         assert told["on_failure"] == told["on_duration_warning_threshold_exceeded"] == [user]
-    policy = bundle.target(ROOT, name, USER, {**VALUES, "policy_id": "ABC123", "service_principal": SP})
+    policy = bundle.target(
+        ROOT, name, USER, {**VALUES, "policy_id": "ABC123", "service_principal": SP}
+    )
     for job in policy["resources"]["jobs"].values():
         assert all(c["new_cluster"]["policy_id"] == "ABC123" for c in job["job_clusters"])
 

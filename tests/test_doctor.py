@@ -223,7 +223,9 @@ def _cluster_like_site(tmp_path: Path) -> Path:
     site.mkdir()
     for entry in real.iterdir():
         name = entry.name.lower()
-        if not (name.startswith(("pyspark-", "mlflow-", "mlflow_")) and name.endswith(".dist-info")):
+        if not (
+            name.startswith(("pyspark-", "mlflow-", "mlflow_")) and name.endswith(".dist-info")
+        ):
             (site / entry.name).symlink_to(entry)
     skinny = site / f"mlflow_skinny-{mlflow.__version__}.dist-info"
     skinny.mkdir()

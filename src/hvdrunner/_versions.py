@@ -82,7 +82,9 @@ def _version_file(package: str) -> str | None:
     """``__version__`` as written in ``package``'s version file, found on ``sys.path``
     without importing the package; ``None`` where there is none."""
     file = VERSION_FILES.get(package)
-    spec = importlib.util.find_spec(package) if file else None
+    if file is None:
+        return None
+    spec = importlib.util.find_spec(package)
     if spec is None or not spec.submodule_search_locations:
         return None
     for folder in spec.submodule_search_locations:
