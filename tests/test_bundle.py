@@ -78,7 +78,7 @@ def test_every_target_resolves_and_passes_the_clis_mode_rules(name):
         assert "${" not in text, f"unresolved reference in {text!r}"
         assert "/Workspace/Workspace" not in text, text
     assert bundle.run_as_problems(config) == []
-    owner = "Shared" if name == "prod" else f"Users/{USER}"  # prod: one copy, whoever deploys
+    owner = f"Users/{SP if name == 'prod' else USER}"  # prod: the principal's, whoever deploys
     assert config["workspace"]["file_path"] == f"/Workspace/{owner}/.bundle/hvdrunner/{name}/files"
 
 
@@ -255,7 +255,9 @@ def test_the_training_job_installs_the_wheel_the_build_job_writes(name):
 
 def test_production_identity_and_node_types_are_variables():
     raw = bundle.load(ROOT)
-    assert raw["targets"]["prod"]["workspace"]["root_path"].startswith("/Workspace/Shared/")
+    assert raw["targets"]["prod"]["workspace"]["root_path"].startswith(
+        "/Workspace/Users/${var.service_principal}/"
+    )  # only the principal may write prod's files
     text = (ROOT / "databricks.yml").read_text()
     for cloud_node in ("g5.xlarge", "Standard_NC4as_T4_v3", "g2-standard-4"):
         assert cloud_node in text  # AWS, Azure, GCP documented beside the variable

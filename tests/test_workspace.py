@@ -130,6 +130,19 @@ def test_prod_is_one_deployment_run_as_a_service_principal():
     assert config["workspace"]["root_path"] == other["workspace"]["root_path"]
     assert USER not in json.dumps(config["resources"])  # nothing is the deployer's
     assert config["run_as"] == {"service_principal_name": PROD["service_principal"]}
+    # One copy in the principal's own folder; it manages, the team views.
+    assert config["workspace"]["root_path"].startswith(
+        f"/Workspace/Users/{PROD['service_principal']}/"
+    )
+    assert config["permissions"] == [
+        {"level": "CAN_MANAGE", "service_principal_name": PROD["service_principal"]},
+        {"level": "CAN_VIEW", "group_name": "users"},
+    ]
+    # prod installs no wheel from the shared folder (its jobs run on the engine), so no dev
+    # or compiled build there can change what prod runs.
+    for job in ("hvdrunner_train", "hvdrunner_train_torch"):
+        for task in config["resources"]["jobs"][job]["tasks"]:
+            assert all("/wheels/" not in lib.get("whl", "") for lib in task.get("libraries", []))
     assert bundle.mode_diagnostics(config) == [] and bundle.run_as_problems(config) == []
     unset = bundle.target(ROOT, "prod", USER, VALUES)
     assert bundle.run_as_problems(unset) == [
