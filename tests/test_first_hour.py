@@ -42,13 +42,24 @@ def test_databricks_defaults_come_from_the_session_and_the_user(spark, monkeypat
         assert default_dir("cache") == f"{volume}/cache"
         assert storage_root() == str(volume)
     assert caplog.text == ""
-    # Writing into a volume that does not exist names the statement that creates it.
+    # Writing into a volume that does not exist names the statement that creates it, and the
+    # one line that finds the README's volume instead.
     monkeypatch.setattr(_paths, "VOLUMES_MOUNT", str(tmp_path / "Volumes"))
     (tmp_path / "Volumes").mkdir()
-    with pytest.raises(ValueError, match=f"CREATE VOLUME {catalog}.{schema}.hvdrunner"):
-        _paths.ensure_writable(f"{volume}/cache")
-    volume.mkdir(parents=True)
-    _paths.ensure_writable(f"{volume}/cache")
+    uc = tmp_path / "Volumes" / "ml" / "team_a" / "hvdrunner"
+    with pytest.raises(ValueError, match="CREATE VOLUME ml.team_a.hvdrunner") as info:
+        _paths.ensure_writable(f"{uc}/cache")
+    assert "USE CATALOG <catalog>" in str(info.value)
+    uc.mkdir(parents=True)
+    _paths.ensure_writable(f"{uc}/cache")
+    # This session's catalog is Spark's session catalog, the Hive metastore on Databricks
+    # (spark_catalog, or hive_metastore as a workspace default): no volume can be created
+    # there, so no CREATE VOLUME is offered, only the catalog and schema to set.
+    assert catalog in _paths.NO_VOLUME_CATALOGS
+    for where in (volume, tmp_path / "Volumes" / "hive_metastore" / "default" / "hvdrunner"):
+        with pytest.raises(ValueError, match="legacy Hive metastore, which has no volumes") as info:
+            _paths.ensure_writable(f"{where}/cache")
+        assert "CREATE VOLUME" not in str(info.value) and "USE SCHEMA <schema>" in str(info.value)
     assert default_experiment("hvdrunner-digits") == f"/Users/{user}/hvdrunner-digits"
     monkeypatch.delenv("DATABRICKS_RUNTIME_VERSION")
     assert default_experiment("hvdrunner-digits") == "hvdrunner-digits"

@@ -73,6 +73,9 @@ def resolve(path: str) -> Location:
 
 #: Where Unity Catalog volumes are mounted on a Databricks node.
 VOLUMES_MOUNT = "/Volumes"
+#: Catalogs that cannot hold a volume: the legacy Hive metastore, a workspace's default
+#: catalog where Unity Catalog is not the default (``CREATE VOLUME`` fails there).
+NO_VOLUME_CATALOGS = ("hive_metastore", "spark_catalog")
 
 
 def require_volumes(local_path: str) -> None:
@@ -98,11 +101,20 @@ def require_volumes(local_path: str) -> None:
     names = local_path[len(VOLUMES_MOUNT) + 1 :].split("/")[:3]
     if len(names) == 3 and not os.path.isdir(os.path.join(VOLUMES_MOUNT, *names)):
         catalog, schema, volume = names
+        elsewhere = (
+            f"if the volume is in another catalog and schema (the README's `databricks volumes "
+            f"create <catalog> <schema> {volume} MANAGED`), run `USE CATALOG <catalog>` and "
+            f"`USE SCHEMA <schema>` in a SQL cell first, or set the folder to a volume you can write"
+        )
+        if catalog in NO_VOLUME_CATALOGS:
+            raise ValueError(
+                f"{local_path!r} is in catalog {catalog}, the workspace's legacy Hive metastore, "
+                f"which has no volumes (they exist only in Unity Catalog): {elsewhere}"
+            )
         raise ValueError(
             f"{local_path!r} is in the volume {catalog}.{schema}.{volume}, which does not exist: "
-            f"create it once (SQL: CREATE VOLUME {catalog}.{schema}.{volume}; or `databricks "
-            f"volumes create {catalog} {schema} {volume} MANAGED`), or set the folder to a "
-            f"volume you can write"
+            f"{elsewhere}; or create it once (SQL: CREATE VOLUME {catalog}.{schema}.{volume}; or "
+            f"`databricks volumes create {catalog} {schema} {volume} MANAGED`)"
         )
 
 
