@@ -269,7 +269,10 @@ def test_the_access_mode_is_named_and_the_docs_say_what_works_there():
     code = "from hvdrunner._launch.backends import choose\nchoose(2)"
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
                           env={**os.environ, "IS_SERVERLESS": "TRUE"})  # fmt: skip
-    assert proc.returncode == 1 and "This compute: serverless: no executors" in proc.stderr
+    assert (
+        proc.returncode == 1
+        and "This compute: serverless: serverless notebooks have no ML" in proc.stderr
+    )
 
 
 def test_the_wheel_check_names_a_tensorflow_or_gpu_the_wheel_was_not_built_for(tmp_path):

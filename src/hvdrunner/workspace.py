@@ -104,13 +104,13 @@ def _is_connect(spark: Any) -> bool:
 ACCESS_MODES = {
     "dedicated": "barrier jobs on the cluster's executors: every path (Keras on TensorFlow, "
     "PyTorch, Keras on PyTorch) through the classic launch backend",
-    "standard": "a Spark Connect session: HorovodRunner launches through the Connect backend "
-    "(barrier DataFrame stages) where the cluster allows barrier execution; Unity Catalog's "
-    "standard access mode may refuse it, naming the error - use a dedicated cluster then",
-    "serverless": "no executors to launch ranks on: on serverless GPU, start the PyTorch engine "
-    "with the standard environment (torchrun-style RANK/WORLD_SIZE/MASTER_ADDR, "
-    "`import hvdrunner.hvd_torch as hvd`); HorovodRunner(np>0) and the compiled horovod "
-    "(Keras on TensorFlow) do not run there",
+    "standard": "standard (formerly shared) access mode has no ML runtime, no GPUs and no RDD "
+    "or barrier jobs: HorovodRunner cannot train here - use a dedicated (single user) cluster "
+    "on a GPU ML runtime (a Databricks Connect client may drive one from elsewhere)",
+    "serverless": "serverless notebooks have no ML runtime, no GPUs and no executors to launch "
+    "ranks on: HorovodRunner cannot train here. Serverless GPU compute runs PyTorch under its "
+    "own launcher (`@distributed`): start the engine there with `import hvdrunner.hvd_torch as "
+    "hvd` (torchrun-style RANK/WORLD_SIZE/MASTER_ADDR)",
     "not databricks": "local[N], a standalone cluster or a Spark Connect server: every path",
 }
 
