@@ -385,3 +385,8 @@ def test_gradients_go_out_in_ddp_like_buckets_each_parameter_once():
     for g in groups:
         assert len(g) == 1 or sum(p.numel() * 4 for p in g) <= mb
     assert len(buckets(model)) == 1  # 25 MB, DDP's default: the whole model in one request
+    # One size for both: fit's driver-side default (no engine import there) and the lane's.
+    from hvdrunner.engine.grouping import BUCKET_BYTES
+    from hvdrunner.torch.config import BUCKET_CAP_MB
+
+    assert BUCKET_CAP_MB * mb == BUCKET_BYTES
