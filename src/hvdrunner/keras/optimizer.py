@@ -146,8 +146,11 @@ def _reduce_and_apply(
             return tf.constant(True)
 
     def accumulate_only() -> Any:
-        with tf.control_dependencies([opt.iterations.assign_add(1)]):
-            return tf.constant(False)
+        # No control dependency on the assign's result: Keras 3 before 3.3 (15.4 LTS ML ships
+        # 3.2.1) returns None from a Keras variable's assign_add. The branch runs the
+        # stateful op anyway (tf.cond's branches keep automatic control dependencies).
+        opt.iterations.assign_add(1)
+        return tf.constant(False)
 
     return tf.cond(tf.equal(count % passes, 0), exchange_and_apply, accumulate_only)
 
