@@ -47,11 +47,18 @@ def _failed(checks):
     return [c for c in checks if c.ok is False and c.required]
 
 
-@pytest.mark.stacks("lts", "modern")  # the doctor checks the installed stack
-def test_doctor_passes_on_this_environment():
-    proc = subprocess.run(
+@pytest.fixture(scope="module")
+def doctor_here() -> subprocess.CompletedProcess[str]:
+    """One real `hvdrunner doctor` run in this environment (about 14 s: it loads each
+    framework and horovod's extensions in subprocesses), for the tests that read it."""
+    return subprocess.run(
         [sys.executable, "-m", "hvdrunner", "doctor"], capture_output=True, text=True, timeout=300
     )
+
+
+@pytest.mark.stacks("lts", "modern")  # the doctor checks the installed stack
+def test_doctor_passes_on_this_environment(doctor_here):
+    proc = doctor_here
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "[x] horovod built with TensorFlow: yes" in proc.stdout
     assert "[x] horovod built with gloo: yes" in proc.stdout
@@ -192,9 +199,8 @@ def test_doctor_fails_loudly_where_the_stack_is_missing(tmp_path):
     assert "required check(s) failed" in proc.stdout
 
 
-def test_doctor_reports_this_hosts_multihost_readiness():
-    proc = subprocess.run([sys.executable, "-m", "hvdrunner", "doctor"], capture_output=True,
-                          text=True, timeout=300)  # fmt: skip
+def test_doctor_reports_this_hosts_multihost_readiness(doctor_here):
+    proc = doctor_here
     # the horovod of this stack is hvdrunner's build: patched, whatever the hostname does
     assert "[x] multi-host gloo (hostname, horovod's gloo interface patch):" in proc.stdout
     assert "horovod patched" in proc.stdout
