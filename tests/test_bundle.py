@@ -18,6 +18,7 @@ import yaml
 
 from helpers import bundle
 from helpers.repo_copy import copy_repository
+from hvdrunner import workspace
 
 ROOT = Path(__file__).resolve().parents[1]
 VALIDATOR = ROOT.parent / "shared" / "tools" / "validate_bundle.py"
@@ -158,7 +159,9 @@ def test_only_the_compiled_target_checks_a_wheel_first_naming_the_build_job(tmp_
             horovod = [lib["whl"] for lib in train["libraries"] if "horovod" in lib.get("whl", "")]
             assert horovod == [params[params.index("--wheel") + 1]]
             build_job = params[params.index("--build-job") + 1]
-            assert build_job == f"databricks bundle run -t {name} hvdrunner_build_horovod"
+            # The command as printed runs in a new shell: the required variables included.
+            assert build_job == workspace.build_command(name, catalog="ml", schema="team_a")
+            assert bundle.run_problems(config, name, build_job) == []
     # The check itself, run as the task runs it: seconds, naming the fix.
     tag = f"cp{sys.version_info[0]}{sys.version_info[1]}"
     wheel = tmp_path / f"horovod-0.28.1-{tag}-{tag}-linux_x86_64.whl"
@@ -169,9 +172,13 @@ def test_only_the_compiled_target_checks_a_wheel_first_naming_the_build_job(tmp_
     assert missing.returncode == 1 and f"no horovod wheel at {wheel}" in missing.stderr
     assert "`BUILD`" in missing.stderr
     other = tmp_path / "horovod-0.28.1-cp39-cp39-linux_x86_64.whl"
-    wrong = subprocess.run([sys.executable, str(CHECK), "--wheel", str(other), "--build-job", "BUILD"],
+    job = (
+        "databricks bundle run -t compiled --var catalog=ml --var schema=s hvdrunner_build_horovod"
+    )
+    wrong = subprocess.run([sys.executable, str(CHECK), "--wheel", str(other), "--build-job", job],
                            capture_output=True, text=True, timeout=30)  # fmt: skip
-    assert wrong.returncode == 1 and f"--var python_tag={tag}" in wrong.stderr
+    deploy = "databricks bundle deploy -t compiled --var catalog=ml --var schema=s"
+    assert wrong.returncode == 1 and f"`{deploy} --var python_tag={tag}`" in wrong.stderr
     wheel.write_bytes(b"wheel")
     ready = subprocess.run([sys.executable, str(CHECK), "--wheel", str(wheel), "--build-job", "BUILD"],
                            capture_output=True, text=True, timeout=30)  # fmt: skip

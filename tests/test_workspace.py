@@ -108,7 +108,8 @@ def test_notebooks_migrate_and_doctor_print_the_same_install_lines():
 def test_the_cli_accepts_every_command_the_docs_and_hints_give(name):
     values = PROD if name == "prod" else VALUES
     config = bundle.target(ROOT, name, USER, values)
-    commands = [workspace.build_command(name), workspace.build_command(name, rebuild=True),
+    commands = [workspace.build_command(name, catalog="ml", schema="team_a"),
+                workspace.build_command(name, rebuild=True, catalog="ml", schema="team_a"),
                 f"databricks bundle run -t {name} hvdrunner_train",
                 f"databricks bundle run -t {name} hvdrunner_train_torch"]  # fmt: skip
     docs = "".join(p.read_text() for p in [ROOT / "README.md", *(ROOT / "docs").glob("*.md")])
@@ -173,7 +174,8 @@ def test_dev_keras_job_needs_nothing_built_and_the_compiled_target_builds_once(t
     # Before the build: the first task stops the job in seconds, naming the build command.
     with pytest.raises(
         StandInError,
-        match=r"(?s)check_horovod_wheel.*" + re.escape(workspace.build_command("compiled")),
+        match=r"(?s)check_horovod_wheel.*"
+        + re.escape(workspace.build_command("compiled", catalog="ml", schema="team_a")),
     ):
         c.run_job("hvdrunner_train")
     c.run_job("hvdrunner_build_horovod")
@@ -300,7 +302,8 @@ def test_the_wheel_check_names_a_tensorflow_or_gpu_the_wheel_was_not_built_for(t
     job = workspace.build_command("dev")
     assert check.problems(str(wheel), job, "cp312", "18.0", gpus=["86"]) == []  # sm_80 runs on 8.6
     (older,) = check.problems(str(wheel), job, "cp312", "18.0", gpus=["70"])
-    assert "this node's GPU is 70" in older and "--var cuda_archs=all" in older
+    deploy = "databricks bundle deploy -t dev --var catalog=<catalog> --var schema=<schema>"
+    assert "this node's GPU is 70" in older and f"`{deploy} --var cuda_archs=all`" in older
     assert workspace.build_command("dev", rebuild=True) in older
     (tf,) = check.problems(
         str(wheel), job, "cp312", "18.0", requires="tensorflow[and-cuda]==2.21.0"

@@ -4,7 +4,7 @@ that fails on a missing Volume file with no hint (or a wheel for another Python 
 refuses). Stdlib only: it runs before any library is installed.
 
     python check_wheel.py --wheel /Volumes/c/s/hvdrunner/wheels/18.x-gpu-ml-scala2.13/horovod-0.28.1-cp312-cp312-linux_x86_64.whl \\
-        --build-job "databricks bundle run -t dev hvdrunner_build_horovod"
+        --build-job "databricks bundle run -t dev --var catalog=c --var schema=s hvdrunner_build_horovod"
 
 The bundle names the wheel from ``python_tag`` and ``spark_version``; :data:`RUNTIME_PYTHON`
 says which tag each runtime's Python has (tests/test_bundle.py holds every target's defaults
@@ -60,7 +60,7 @@ def pinned_version(spec: str) -> str | None:
     return match.group(1) if match else None
 
 
-def _fit(record: dict, rebuild: str, runtime: str | None, requires: str | None,
+def _fit(record: dict, rebuild: str, deploy: str, runtime: str | None, requires: str | None,
          gpus: list[str]) -> list[str]:  # fmt: skip
     """What the build record says does not fit this cluster."""
     found = []
@@ -79,7 +79,8 @@ def _fit(record: dict, rebuild: str, runtime: str | None, requires: str | None,
     if old:
         found.append(f"its CUDA kernels were compiled for compute capability "
                      f"{','.join(map(str, archs))} and this node's GPU is {','.join(old)}: "
-                     f"deploy with --var cuda_archs=all and rebuild with `{rebuild}`")  # fmt: skip
+                     f"deploy with `{deploy} --var cuda_archs=all` and rebuild with "
+                     f"`{rebuild}`")  # fmt: skip
     return found
 
 
@@ -88,6 +89,8 @@ def problems(wheel: str, build_job: str, tag: str, runtime: str | None,
     """What is wrong with ``wheel`` for an interpreter of ``tag`` on ``runtime`` (the Keras task
     installing ``requires``, this node having ``gpus``); [] if fine."""
     rebuild = f"{build_job} --params rebuild=true"  # the build job's job parameter
+    # The same command's deploy: `databricks bundle run -t T --var ... <job>` without the job.
+    deploy = build_job.rsplit(" ", 1)[0].replace("bundle run", "bundle deploy", 1)
     match = WHEEL.fullmatch(os.path.basename(wheel))
     if match is None:
         return [
@@ -96,14 +99,17 @@ def problems(wheel: str, build_job: str, tag: str, runtime: str | None,
     if match.group("tag") != tag:
         return [
             f"the wheel is for {match.group('tag')} but this runtime's Python is {tag}: deploy with "
-            f"--var python_tag={tag} (and build it: {build_job})"
+            f"`{deploy} --var python_tag={tag}` (and build it: `{build_job}`)"
         ]
     if not os.path.isfile(wheel):
         return [
             f"no horovod wheel at {wheel}: build it once for this runtime with `{build_job}`, "
             "then run this job again"
         ]
-    return [f"{wheel}: {p}" for p in _fit(_record(wheel), rebuild, runtime, requires, gpus or [])]
+    return [
+        f"{wheel}: {p}"
+        for p in _fit(_record(wheel), rebuild, deploy, runtime, requires, gpus or [])
+    ]
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -63,9 +63,18 @@ def wheel_cell(catalog: str = CATALOG, schema: str = SCHEMA, version: str = __ve
     return f"%pip install {hvdrunner_wheel(catalog, schema, version)}\n{RESTART}"
 
 
-def build_command(target: str = "dev", rebuild: bool = False) -> str:
-    """The CLI command that runs the build job; ``rebuild`` passes its job parameter."""
-    command = f"databricks bundle run -t {target} {BUILD_JOB}"
+def build_command(
+    target: str = "dev", rebuild: bool = False, catalog: str = CATALOG, schema: str = SCHEMA
+) -> str:
+    """The CLI command that runs the build job; ``rebuild`` passes its job parameter. It names
+    the volume's catalog and schema (required bundle variables), so it runs as printed in a
+    new shell.
+
+    Example:
+        >>> build_command("compiled", catalog="ml", schema="team_a")
+        'databricks bundle run -t compiled --var catalog=ml --var schema=team_a hvdrunner_build_horovod'
+    """
+    command = f"databricks bundle run -t {target} --var catalog={catalog} --var schema={schema} {BUILD_JOB}"
     return f"{command} --params {REBUILD_PARAM}=true" if rebuild else command
 
 
