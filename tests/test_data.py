@@ -241,7 +241,6 @@ def test_prepare_inside_a_rank_is_refused():
 
 # -- the classic hang, removed: uneven rows, real 2-rank Keras fit -------------------------
 def fit_uneven(data, batch_size: int) -> list:
-    import horovod.tensorflow as hvd_tf
     import tensorflow as tf
 
     import hvdrunner.hvd_keras as hvd
@@ -265,7 +264,7 @@ def fit_uneven(data, batch_size: int) -> list:
             verbose=0,
             callbacks=[hvd.callbacks.BroadcastGlobalVariablesCallback(0), Count()],
         )
-    return hvd_tf.allgather_object((hvd.rank(), steps, Count.batches))
+    return hvd.allgather_object((hvd.rank(), steps, Count.batches))
 
 
 @pytest.mark.timeout(180)  # the hang this layer removes would stop here, not pass

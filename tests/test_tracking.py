@@ -93,7 +93,7 @@ def test_one_run_rank0_writes_averaged_metrics_and_model(spark, store):
 
 
 def fail_after_logging() -> None:
-    import horovod.tensorflow as hvd
+    import hvdrunner.hvd_keras as hvd  # whichever Horovod this stack has (engine or compiled)
 
     hvd.init()
     tracking.log_params({"about_to": "fail"})
