@@ -238,10 +238,11 @@ def run_problems(config: dict[str, Any], target: str, command: str) -> list[str]
                 problems.append(f"{command!r} names another target than {target}")
         elif word == "--var" or word.startswith("--var="):  # the bundle commands' own flag
             pair = word.split("=", 1)[1] if word.startswith("--var=") else words.pop(0)
-            if "=" not in pair:
+            name, sep, _ = pair.partition("=")
+            if not sep:
                 return [f"unexpected flag format {pair!r}, expected key=value"]
-            if pair.split("=", 1)[0] not in config.get("variables", {}):
-                return [f"variable {pair.split('=', 1)[0]} has not been defined"]
+            if name not in config.get("variables", {}):
+                return [f"variable {name} has not been defined"]
         elif word == "--params" or word.startswith("--params="):
             value = word.split("=", 1)[1] if "=" in word else words.pop(0)
             for pair in value.split(","):
