@@ -19,10 +19,11 @@
 # MAGIC | `features`, `label` | the training table's feature and label columns | `pixels`, `label` |
 # MAGIC | `max_restarts` | restarts of a failed job inside this task (a lost node, a killed rank), resuming from the checkpoint | `1` |
 # MAGIC | `registered_model_name` | register the model (Unity Catalog: `<catalog>.<schema>.<model>`; empty: log only) | `` |
+# MAGIC | `model_alias` | once the job's run has finished without error, this alias of `registered_model_name` points at the version it registered; `model_uri` is then `models:/<name>@<alias>` | `champion` |
 # MAGIC | `cache_dir` | where the DataFrame is materialized for the ranks (every node must see it) | `/Volumes/<current catalog>/<current schema>/hvdrunner/cache` on Databricks, `./.hvdrunner/cache` elsewhere |
 # MAGIC | `train_path` | training data (empty: task value of `prepare_data`; by hand, what 01 wrote with its defaults) | `` |
 # MAGIC
-# MAGIC Task values set: `model_uri`, `run_id`.
+# MAGIC Task values set: `model_uri` (the alias's URI when registered), `run_id`.
 
 # COMMAND ----------
 
@@ -62,6 +63,7 @@ dbutils.widgets.text("features", "pixels", "Feature column")
 dbutils.widgets.text("label", "label", "Label column")
 dbutils.widgets.text("max_restarts", "1", "Restarts of a failed job")
 dbutils.widgets.text("registered_model_name", "", "Registered model name")
+dbutils.widgets.text("model_alias", "champion", "Alias of the registered version")
 dbutils.widgets.text("cache_dir", default_dir("cache"), "Data cache directory")
 dbutils.widgets.text("train_path", "", "Training data path")
 
@@ -93,6 +95,8 @@ train_path = upstream(dbutils, "train_path", "prepare_data", by_hand=lambda: dat
 run_key = w("run_key") or None
 # Default: checkpoints/<run_key> beside cache_dir (a job's retry resumes from them).
 checkpoint_dir = w("checkpoint_dir") or (f"{os.path.dirname(w('cache_dir').rstrip('/'))}/checkpoints/{run_key}" if run_key else None)
+registered = w("registered_model_name") or None
+tracking.registry_for(registered, w("model_alias"))  # refused here, before any rank starts
 with tracking.mlflow_run(experiment=w("experiment"), run_name=f"torch-np{w('np')}", resume_key=run_key) as run:
     data = prepare(datasets.read(spark, train_path), features=w("features"), label=w("label"), cache_dir=w("cache_dir"))
     result = HorovodRunner(np=int(w("np")), driver_log_verbosity="all", max_restarts=int(w("max_restarts"))).run(
@@ -106,10 +110,12 @@ with tracking.mlflow_run(experiment=w("experiment"), run_name=f"torch-np{w('np')
         loss="cross_entropy",
         metrics=["accuracy"],
         checkpoint_dir=checkpoint_dir,
-        registered_model_name=w("registered_model_name") or None,
+        registered_model_name=registered,
     )
-dbutils.jobs.taskValues.set("model_uri", result.model_uri)
+# The run has finished without error: only now does the alias move to what it registered.
+model_uri = tracking.set_alias(registered, w("model_alias"), run.info.run_id) if registered else result.model_uri
+dbutils.jobs.taskValues.set("model_uri", model_uri)
 dbutils.jobs.taskValues.set("run_id", run.info.run_id)
 # A retry that resumed after the last epoch trains nothing more: its history is empty.
 accuracy = result.history.get("accuracy", [float("nan")])[-1]
-print(f"MLflow run {run.info.run_id}: final accuracy {accuracy:.3f}, model {result.model_uri}")
+print(f"MLflow run {run.info.run_id}: final accuracy {accuracy:.3f}, model {model_uri}")

@@ -10,8 +10,8 @@
 # MAGIC |---|---|---|
 # MAGIC | `test_path` | data to score (empty: task value of `prepare_data`; by hand, what 01 wrote with its defaults) | `` |
 # MAGIC | `train_task` | the training task whose model is scored: `train_keras` or `train_torch` | `train_keras` |
-# MAGIC | `model_uri` | MLflow model (empty: task value of `train_task`; by hand, the newest model in `experiment`) | `` |
-# MAGIC | `run_id` | run to log `test_accuracy` to (empty: task value of `train_task`; by hand, that model's run) | `` |
+# MAGIC | `model_uri` | MLflow model, e.g. `models:/<catalog>.<schema>.<model>@champion` (empty: task value of `train_task`; by hand, the newest model in `experiment`); an alias is resolved once to its version, and that version is scored | `` |
+# MAGIC | `run_id` | run to log `test_accuracy` to: the run that logged the model, else scoring stops (empty: task value of `train_task`; by hand, that model's run) | `` |
 # MAGIC | `experiment` | where a notebook run by hand finds the newest model | `/Users/<you>/hvdrunner-digits` on Databricks, `hvdrunner-digits` elsewhere |
 # MAGIC | `predictions_path` | where predictions are written | `/Volumes/<current catalog>/<current schema>/hvdrunner/predictions` on Databricks, `./.hvdrunner/predictions` elsewhere |
 
@@ -51,14 +51,14 @@ dbutils.widgets.text("predictions_path", default_dir("predictions"), "Prediction
 from hvdrunner.examples import datasets
 from hvdrunner.inference import score
 from hvdrunner.notebook import upstream
+from hvdrunner.tracking import pin
 from hvdrunner.tracking.models import latest_model
 
 w = dbutils.widgets.get
 # By hand (no task values): what 01 wrote with its defaults, and the newest model in `experiment`.
-newest = lambda i: (latest_model(w("experiment")) or (None, None))[i]  # noqa: E731
 test_path = upstream(dbutils, "test_path", "prepare_data", by_hand=lambda: datasets.written(default_dir("data"), "test"))
-model_uri = upstream(dbutils, "model_uri", w("train_task"), by_hand=lambda: newest(0))
-run_id = upstream(dbutils, "run_id", w("train_task"), by_hand=lambda: newest(1))
+model_uri = upstream(dbutils, "model_uri", w("train_task"), by_hand=lambda: (latest_model(w("experiment")) or (None,))[0])
+run_id = upstream(dbutils, "run_id", w("train_task"), by_hand=lambda: pin(model_uri)[1])
 result = score(
     spark, model_uri, datasets.read(spark, test_path), features="pixels", label="label",
     output_path=w("predictions_path"), run_id=run_id,

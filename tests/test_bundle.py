@@ -336,3 +336,30 @@ def test_the_stand_in_refuses_a_cpu_driver_on_a_gpu_runtime_as_a_workspace_does(
         "driver_node_type_id"] = "m5.xlarge"  # fmt: skip
     with pytest.raises(StandInError, match=r"hvdrunner_train\.gpu_cluster: .*m5\.xlarge"):
         ws.deploy()
+
+
+def test_each_target_and_user_registers_its_own_model_and_only_prod_moves_prods_alias():
+    from hvdrunner import tracking
+
+    names: dict[tuple[str, str], set[str]] = {}
+    for name in TARGETS:
+        for user in (USER, "second.member@example.com"):
+            values = VALUES | {"service_principal": SP} if name == "prod" else VALUES
+            config = bundle.target(ROOT, name, user, values)
+            for job, key in (("hvdrunner_train", "train_keras"),
+                             ("hvdrunner_train_torch", "train_torch")):  # fmt: skip
+                params = _task(_job(config, job), key)["notebook_task"]["base_parameters"]
+                # What the registry would refuse is refused here, not after training.
+                tracking.check_registered_model_name(params["registered_model_name"],
+                                                     registry_uri="databricks-uc")  # fmt: skip
+                tracking.check_model_alias(params["model_alias"])
+                names.setdefault((name, user), set()).add(params["registered_model_name"])
+    prod = names[("prod", USER)]
+    assert prod == names[("prod", "second.member@example.com")]  # one prod, whoever deploys
+    assert prod == {"ml.team_a.hvdrunner_digits_keras", "ml.team_a.hvdrunner_digits_torch"}
+    others = [n for key, n in names.items() if key[0] != "prod"]
+    assert all(len(n) == 2 for n in names.values())  # Keras and PyTorch apart
+    # Every (target, user) outside prod its own names: a dev run never moves prod's alias,
+    # nor a colleague's.
+    flat = [m for n in others for m in n]
+    assert len(flat) == len(set(flat)) and not set(flat) & prod

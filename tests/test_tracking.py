@@ -274,3 +274,77 @@ def test_model_logging_lives_with_its_framework():
         tracking.log_model  # noqa: B018
     with pytest.raises(AttributeError, match=r"moved to hvdrunner.torch.log_model"):
         tracking.log_pytorch_model  # noqa: B018
+
+
+# -- the registry: an alias for the newest good version, scored as the version it names ----
+
+
+@pytest.mark.parametrize("alias", ["", "latest", "V3", "1st", "has-hyphen", "a b", None])
+def test_aliases_the_registry_would_refuse_are_refused_first(alias):
+    with pytest.raises(ValueError, match="model_alias="):
+        tracking.check_model_alias(alias)
+
+
+def _version(client, name: str, run_id: str) -> str:
+    """A real version in the real (sqlite) registry, from a run's artifact folder."""
+    return client.create_model_version(name, f"runs:/{run_id}/model", run_id=run_id).version
+
+
+def test_the_alias_moves_to_the_runs_newest_version_and_scoring_pins_it(store):
+    client = mlflow.MlflowClient()
+    client.create_registered_model("ml.team.digits")
+    runs = []
+    for _ in range(2):
+        with mlflow.start_run() as run:
+            runs.append(run.info.run_id)
+    first = _version(client, "ml.team.digits", runs[0])
+    _version(client, "ml.team.digits", runs[1])
+    retried = _version(client, "ml.team.digits", runs[0])  # a retry of the first job's run
+    uri = tracking.set_alias("ml.team.digits", "champion", runs[0])
+    assert uri == "models:/ml.team.digits@champion"
+    assert client.get_model_version_by_alias("ml.team.digits", "champion").version == retried
+    assert retried != first
+    assert tracking.pin(uri) == (f"models:/ml.team.digits/{retried}", runs[0])
+    assert tracking.pin("models:/ml.team.digits/2") == ("models:/ml.team.digits/2", runs[1])
+    assert tracking.pin("runs:/abc/model") == ("runs:/abc/model", "abc")
+    # A run that registered nothing moves nothing.
+    with mlflow.start_run() as run:
+        pass
+    with pytest.raises(LookupError, match="registered no version"):
+        tracking.set_alias("ml.team.digits", "champion", run.info.run_id)
+    assert client.get_model_version_by_alias("ml.team.digits", "champion").version == retried
+
+
+def test_scoring_by_an_alias_another_run_moved_is_refused_before_anything_is_scored(store, spark):
+    from hvdrunner.inference import score
+
+    client = mlflow.MlflowClient()
+    client.create_registered_model("ml.team.digits")
+    with mlflow.start_run() as ours:
+        pass
+    with mlflow.start_run() as theirs:
+        pass
+    _version(client, "ml.team.digits", theirs.info.run_id)
+    tracking.set_alias("ml.team.digits", "champion", theirs.info.run_id)
+    df = spark.createDataFrame([([0.0, 1.0], 1)], ["pixels", "label"])
+    with pytest.raises(ValueError, match=f"logged by run {theirs.info.run_id}, not by run_id"):
+        score(spark, "models:/ml.team.digits@champion", df, features="pixels", label="label",
+              run_id=ours.info.run_id)  # fmt: skip
+    assert "test_accuracy" not in mlflow.get_run(ours.info.run_id).data.metrics
+
+
+def test_a_unity_catalog_name_on_mlflow_2s_workspace_registry_goes_to_unity_catalog():
+    # 15.4 LTS ML's MLflow 2 defaults to the workspace registry on Databricks, which refuses a
+    # three-level name after training; the notebooks call registry_for before it.
+    previous = mlflow.get_registry_uri()
+    try:
+        mlflow.set_registry_uri("databricks")
+        tracking.registry_for("main.ml.digits", "champion")
+        assert mlflow.get_registry_uri() == "databricks-uc"
+        mlflow.set_registry_uri("databricks")
+        with pytest.raises(ValueError, match="model_alias="):
+            tracking.registry_for("main.ml.digits", "latest")
+        tracking.registry_for("digits")  # a workspace name stays in the workspace registry
+        assert mlflow.get_registry_uri() == "databricks"
+    finally:
+        mlflow.set_registry_uri(previous)

@@ -14,6 +14,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import mlflow
 import pytest
 
 from helpers import bundle
@@ -214,8 +215,20 @@ def test_dev_keras_job_needs_nothing_built_and_the_compiled_target_builds_once(t
 def test_dev_torch_job_and_keras_on_torch_need_nothing_built(tmp_path):
     ws = StandIn(tmp_path, "dev", VALUES | FAST, USER)
     ws.deploy()
-    values = ws.run_job("hvdrunner_train_torch")  # nothing built before it
-    assert values["batch_inference"]["test_accuracy"] > 0.8
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"  # the registry, local in place of Unity Catalog
+    values = ws.run_job("hvdrunner_train_torch", env={"MLFLOW_TRACKING_URI": uri})
+    assert values["batch_inference"]["test_accuracy"] > 0.8  # nothing built before it
+    # The job left its model in the registry under the alias, and inference scored it by
+    # that alias: the version the training run registered, its accuracy logged to that run.
+    name = f"ml.team_a.hvdrunner_digits_dev_{bundle.short_name(USER)}_torch"
+    trained = values["train_torch"]
+    assert trained["model_uri"] == f"models:/{name}@champion"
+    client = mlflow.MlflowClient(uri)
+    version = client.get_model_version_by_alias(name, "champion")
+    assert version.run_id == trained["run_id"]
+    metrics = client.get_run(trained["run_id"]).data.metrics
+    assert metrics["test_accuracy"] == values["batch_inference"]["test_accuracy"]
+    assert f"models:/{name}@champion" in (ws.last / "train_torch.log").read_text()
     assert not list(tmp_path.rglob("horovod-*.whl"))
     k = StandIn(tmp_path / "k", "keras_on_torch", VALUES | FAST, USER)
     k.deploy()

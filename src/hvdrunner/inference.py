@@ -15,7 +15,7 @@ import numpy as np
 
 from hvdrunner import _console, _noise, tables
 from hvdrunner.distributed import host_gpus
-from hvdrunner.tracking import log_to_run
+from hvdrunner.tracking import log_to_run, pin
 
 
 @dataclass(frozen=True)
@@ -50,7 +50,12 @@ def score(
 
     Adds ``probabilities`` (the model's output row) and ``prediction`` (its argmax). With
     ``label``, the accuracy is returned and, with ``run_id``, logged to that MLflow run as
-    ``test_accuracy``.
+    ``test_accuracy``. An alias (``models:/<name>@champion``) is resolved once to the version it
+    names and that version is scored, so a job moving the alias meanwhile changes nothing here.
+
+    Raises:
+        ValueError: ``features`` is not a column; or ``run_id`` is not the run that logged the
+            model (the accuracy would go to a run that did not train it).
 
     Example:
         >>> score(spark, "runs:/abc/model", test_df, features="pixels", label="label").accuracy  # doctest: +SKIP
@@ -62,6 +67,7 @@ def score(
 
     if features not in df.columns:
         raise ValueError(f"features={features!r} is not a column of the DataFrame ({df.columns})")
+    model_uri = _pinned(model_uri, run_id)
     with _without_env_manager_warning():
         udf = mlflow.pyfunc.spark_udf(
             spark, model_uri, env_manager="local", result_type=ArrayType(FloatType())
@@ -82,6 +88,18 @@ def score(
     return Scores(scored, scored.count(), accuracy, output_path)
 
 
+def _pinned(model_uri: str, run_id: str | None) -> str:
+    pinned, source_run = pin(model_uri)
+    if run_id and source_run and source_run != run_id:
+        raise ValueError(
+            f"model_uri={model_uri!r} is {pinned}, logged by run {source_run}, not by run_id="
+            f"{run_id!r}: its accuracy would go to a run that did not train it. An alias another "
+            f"job moved names another model; score the version this run registered, or pass "
+            f"that model's run"
+        )
+    return pinned
+
+
 def score_images(
     model_uri: str, df: Any, decode: Callable[[bytes], np.ndarray], *, run_id: str | None = None
 ) -> Scores:
@@ -98,6 +116,8 @@ def score_images(
     """
     import mlflow
     from pyspark.sql import functions as F
+
+    model_uri = _pinned(model_uri, run_id)  # the executors load this version, whatever moves
 
     def predict(frames: Iterator[Any]) -> Iterator[Any]:
         quiet = _noise.CHATTER + (() if host_gpus() else _noise.CPU_NOISE)

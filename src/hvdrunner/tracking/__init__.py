@@ -35,6 +35,7 @@ from hvdrunner.tracking.ranks import (
     run_id,
     set_tags,
 )
+from hvdrunner.tracking.registry import check_model_alias, pin, registry_for, set_alias
 
 __all__ = [
     "ERROR_TAG",
@@ -42,6 +43,7 @@ __all__ = [
     "RESTARTS_TAG",
     "RUN_ID_ENV",
     "autolog",
+    "check_model_alias",
     "check_registered_model_name",
     "driver_context",
     "log_metrics",
@@ -51,7 +53,10 @@ __all__ = [
     "mark_failed",
     "mlflow_run",
     "note_restart",
+    "pin",
+    "registry_for",
     "run_id",
+    "set_alias",
     "set_tags",
 ]
 
