@@ -175,7 +175,11 @@ def store(tmp_path: Path, empty_mlflow_db: Path):
     shutil.copyfile(empty_mlflow_db, tmp_path / "mlflow.db")
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     previous = mlflow.get_tracking_uri()
+    previous_registry = mlflow.get_registry_uri()
     mlflow.set_tracking_uri(uri)
+    # The registry too: a test that set one and restored it (get_registry_uri() returns the
+    # tracking URI it resolved to) would otherwise keep every later test on its store.
+    mlflow.set_registry_uri(uri)
     exp = mlflow.create_experiment("hvdrunner-tests", artifact_location=str(tmp_path / "artifacts"))
     mlflow.set_experiment(experiment_id=exp)
     yield tmp_path, exp
@@ -183,6 +187,7 @@ def store(tmp_path: Path, empty_mlflow_db: Path):
     while mlflow.active_run():
         mlflow.end_run()
     mlflow.set_tracking_uri(previous)
+    mlflow.set_registry_uri(previous_registry)
     # docs/faults.md promises no run is left RUNNING: a test that leaves one active has found
     # that bug (ended here so the next test starts clean, then reported).
     if left is not None:

@@ -354,12 +354,15 @@ def test_each_target_and_user_registers_its_own_model_and_only_prod_moves_prods_
                                                      registry_uri="databricks-uc")  # fmt: skip
                 tracking.check_model_alias(params["model_alias"])
                 names.setdefault((name, user), set()).add(params["registered_model_name"])
+            variables = {k: v["default"] for k, v in config["variables"].items()}
+            # Where each writes: its data, checkpoints and MLflow experiment.
+            names[(name, user)] |= {variables["storage_root"], variables["experiment"]}
     prod = names[("prod", USER)]
     assert prod == names[("prod", "second.member@example.com")]  # one prod, whoever deploys
-    assert prod == {"ml.team_a.hvdrunner_digits_keras", "ml.team_a.hvdrunner_digits_torch"}
+    assert {"ml.team_a.hvdrunner_digits_keras", "ml.team_a.hvdrunner_digits_torch"} < prod
     others = [n for key, n in names.items() if key[0] != "prod"]
-    assert all(len(n) == 2 for n in names.values())  # Keras and PyTorch apart
-    # Every (target, user) outside prod its own names: a dev run never moves prod's alias,
-    # nor a colleague's.
+    assert all(len(n) == 4 for n in names.values())  # Keras and PyTorch apart
+    # Every (target, user) outside prod its own names and folders: a dev run never moves
+    # prod's alias nor a colleague's, nor writes where they do.
     flat = [m for n in others for m in n]
     assert len(flat) == len(set(flat)) and not set(flat) & prod

@@ -348,3 +348,30 @@ def test_a_unity_catalog_name_on_mlflow_2s_workspace_registry_goes_to_unity_cata
         assert mlflow.get_registry_uri() == "databricks"
     finally:
         mlflow.set_registry_uri(previous)
+
+
+def sleep_a_little() -> int:
+    import time
+
+    time.sleep(3)  # a few samples at a 1-second interval
+    return 0
+
+
+@pytest.mark.timeout(180)
+def test_system_metrics_come_from_each_host_when_mlflows_switch_is_on(store, monkeypatch):
+    from helpers.docblocks import block
+
+    monkeypatch.setenv("MLFLOW_SYSTEM_METRICS_SAMPLING_INTERVAL", "1")
+    scope: dict = {"__name__": "docs_example", "train": sleep_a_little}
+    try:
+        exec(compile(block("tracking.md", "system-metrics"), "docs/tracking.md", "exec"), scope)  # noqa: S102
+    finally:
+        mlflow.disable_system_metrics_logging()
+    metrics = mlflow.get_run(scope["run"].info.run_id).data.metrics
+    assert "system/node_0/cpu_utilization_percentage" in scope["host"]
+    # One host here: one monitor, however many ranks it runs.
+    assert not [k for k in metrics if k.startswith("system/node_1/")]
+    # Off (the default): no rank logs any.
+    with mlflow.start_run() as run:
+        HorovodRunner(np=2).run(sleep_a_little)
+    assert not [k for k in mlflow.get_run(run.info.run_id).data.metrics if "node_" in k]

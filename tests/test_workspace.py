@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shlex
 import subprocess
 import sys
 from pathlib import Path
@@ -19,6 +20,7 @@ import pytest
 
 from helpers import bundle
 from helpers.docblocks import block
+from helpers.repo_copy import copy_repository
 from helpers.standin import ROOT, StandIn, StandInError, install_requirements, pip_install
 from hvdrunner import workspace
 
@@ -124,6 +126,59 @@ def test_the_cli_accepts_every_command_the_docs_and_hints_give(name):
     assert bundle.run_problems(
         config, name, f"databricks bundle run -t {name} hvdrunner_build_horovod --params=--rebuild"
     )
+
+
+NODES = {"aws": "g5.xlarge", "azure": "Standard_NC4as_T4_v3", "gcp": "g2-standard-4"}
+
+
+def _bundle_vars(copy: Path, line: str, *extra: str) -> subprocess.CompletedProcess[str]:
+    argv = shlex.split(line)
+    assert argv[:2] == ["python", "scripts/bundle_vars.py"]
+    return subprocess.run([sys.executable, *argv[1:], *extra], cwd=copy, capture_output=True,
+                          text=True, timeout=60)  # fmt: skip
+
+
+def test_the_set_up_runs_as_printed_and_a_new_shell_needs_no_variable(tmp_path):
+    """README's and docs/databricks.md's set-up line, per cloud, in a copy of the repository;
+    then the bundle as the CLI resolves it in a new shell (no --var, no BUNDLE_VAR_*)."""
+    pages = (ROOT / "README.md", ROOT / "docs" / "databricks.md")
+    (line,) = {text for page in pages for text in page.read_text().splitlines()
+               if text.startswith("python scripts/bundle_vars")}  # fmt: skip
+    line = line.replace("<catalog>", "ml").replace("<schema>", "team_a")
+    copy = copy_repository(tmp_path / "checkout")
+    for cloud, node in NODES.items():
+        proc = _bundle_vars(copy, line.replace("--cloud aws", f"--cloud {cloud}"))
+        assert proc.returncode == 0, proc.stderr
+        config = bundle.target(copy, "dev", USER)  # nothing passed: the file remembers
+        assert config["variables"]["catalog"]["default"] == "ml"
+        clusters = [c["new_cluster"] for job in config["resources"]["jobs"].values()
+                    for c in job["job_clusters"]]  # fmt: skip
+        assert {c["node_type_id"] for c in clusters} == {node}, cloud
+        assert all(bundle.cluster_problems(c) == [] for c in clusters)
+    # --var still wins over the file, as in the CLI.
+    config = bundle.target(copy, "dev", USER, {"node_type_id": "p4d.24xlarge"})
+    assert config["resources"]["jobs"]["hvdrunner_train"]["job_clusters"][0]["new_cluster"][
+        "node_type_id"] == "p4d.24xlarge"  # fmt: skip
+    # AWS's preset is databricks.yml's default.
+    assert bundle.load(ROOT)["variables"]["node_type_id"]["default"] == NODES["aws"]
+    # prod's own file: the principal and the team address, and nothing of dev's leaks in.
+    prod_line = line.replace("--target dev", "--target prod")
+    proc = _bundle_vars(copy, prod_line, "--set", f"service_principal={PROD['service_principal']}",
+                        "--set", f"notify={PROD['notify']}")  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    prod = bundle.target(copy, "prod", USER)
+    assert bundle.run_as_problems(prod) == []
+    assert prod["variables"]["node_type_id"]["default"] == NODES["aws"]
+    # Refused, naming what it takes, and the file left as it was.
+    remembered = (copy / ".databricks/bundle/dev/variable-overrides.json").read_text()
+    for extra, said in ((["--set", "nodes=3"], "not variables of databricks.yml"),
+                        (["--target", "staging"], "databricks.yml's targets are"),
+                        (["--set", "catalog"], "expected NAME=VALUE")):  # fmt: skip
+        proc = _bundle_vars(copy, line, *extra)
+        assert proc.returncode == 2 and said in proc.stderr, proc.stderr
+    proc = _bundle_vars(copy, line.replace("--cloud aws", "--cloud oci"))
+    assert proc.returncode == 2 and "invalid choice: 'oci'" in proc.stderr
+    assert (copy / ".databricks/bundle/dev/variable-overrides.json").read_text() == remembered
 
 
 def test_prod_is_one_deployment_run_as_a_service_principal():

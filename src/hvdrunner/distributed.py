@@ -62,6 +62,17 @@ def local_size() -> int:
     return _env_int(("HOROVOD_LOCAL_SIZE", "LOCAL_WORLD_SIZE"), 1)
 
 
+def cross_rank() -> int:
+    """This process's host among the job's hosts (``HOROVOD_CROSS_RANK``, else torchrun's
+    ``GROUP_RANK``); 0 outside a job.
+
+    Example:
+        >>> cross_rank()  # outside a job
+        0
+    """
+    return _env_int(("HOROVOD_CROSS_RANK", "GROUP_RANK"), 0)
+
+
 def in_horovod_rank() -> bool:
     """Whether this process is a rank that HorovodRunner (or ``horovodrun``) started.
 

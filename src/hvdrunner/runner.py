@@ -241,9 +241,13 @@ class HorovodRunner:
             # Before user code: Horovod's Keras layer fails fast under Keras 3 (it would
             # train unsynchronized), and in tf_keras mode `import keras` means tf_keras.
             # The guard is a leaf that loads no framework: harmless in a torch rank.
-            rank_setup=("hvdrunner._import_guard:install_import_guard",),
+            # Then MLflow's system metrics of each host, when the driver switched them on.
+            rank_setup=(
+                "hvdrunner._import_guard:install_import_guard",
+                "hvdrunner.tracking.system:start",
+            ),
             # Leave the gloo ring in order, so peers still working see no 'connection reset'.
-            rank_teardown=("hvdrunner.distributed:shutdown",),
+            rank_teardown=("hvdrunner.tracking.system:stop", "hvdrunner.distributed:shutdown"),
             library_dirs=_versions.LIBRARY_PACKAGES,
         )
         _log.info(f"launching {target.np} Horovod ranks on {target.backend.where}"

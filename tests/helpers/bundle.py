@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import copy
 import glob
+import json
 import re
 from pathlib import Path
 from typing import Any
@@ -79,10 +80,13 @@ class RequiredVariable(KeyError):
 
 
 def select(
-    config: dict[str, Any], target: str | None, user: str, values: dict[str, str] | None = None
-) -> dict[str, Any]:
+    config: dict[str, Any], target: str | None, user: str, values: dict[str, str] | None = None,
+    remembered: dict[str, Any] | None = None,
+) -> dict[str, Any]:  # fmt: skip
     """The config of one target (the default one if None) before references are resolved;
-    ``values`` are ``--var name=value`` (they win over the target's and the defaults)."""
+    ``values`` are ``--var name=value``, ``remembered`` the target's variable-overrides.json:
+    --var wins over the file, the file over the target's values and the defaults (the CLI's
+    SetVariables: a value, then BUNDLE_VAR_*, then the file, then the default)."""
     targets = config.get("targets", {})
     if target is None:
         target = next(name for name, t in targets.items() if t.get("default"))
@@ -94,7 +98,9 @@ def select(
     for name, value in chosen.get("variables", {}).items():
         default = value.get("default") if isinstance(value, dict) else value
         out["variables"][name]["default"] = default
-    for name, value in (values or {}).items():
+    for name, value in {**(remembered or {}), **(values or {})}.items():
+        if name not in out["variables"]:
+            raise KeyError(f"variable {name!r} is not defined in databricks.yml")
         out["variables"][name]["default"] = value
     out["bundle"] = dict(out["bundle"], target=target, mode=chosen.get("mode", ""))
     out["_explicit_root"] = bool(chosen.get("workspace", {}).get("root_path"))
@@ -169,8 +175,14 @@ def target(
     root: Path, name: str | None, user: str = "someone@example.com",
     values: dict[str, str] | None = None,
 ) -> dict[str, Any]:  # fmt: skip
-    """``load`` + ``select`` + ``resolve``: the bundle as deployed to target ``name``."""
-    return resolve(select(load(root), name, user, values))
+    """``load`` + ``select`` + ``resolve``: the bundle as deployed to target ``name``, with the
+    target's ``.databricks/bundle/<target>/variable-overrides.json`` under ``root`` read as the
+    CLI reads it."""
+    config = load(root)
+    chosen = name or next(n for n, t in config["targets"].items() if t.get("default"))
+    path = root / ".databricks" / "bundle" / chosen / "variable-overrides.json"
+    remembered = json.loads(path.read_text()) if path.is_file() else None
+    return resolve(select(config, chosen, user, values, remembered))
 
 
 def mode_diagnostics(

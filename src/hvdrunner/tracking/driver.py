@@ -15,6 +15,7 @@ from hvdrunner._logging import get_logger
 from hvdrunner._secrets import scrub
 from hvdrunner.errors import TrackingError
 from hvdrunner.tracking.ranks import EXPERIMENT_ID_ENV, RUN_ID_ENV
+from hvdrunner.tracking.system import settings as system_settings
 
 ERROR_TAG = "hvdrunner.error"
 _log = get_logger()
@@ -50,6 +51,7 @@ def driver_context() -> dict[str, str]:
         EXPERIMENT_ID_ENV: run.info.experiment_id,
     }
     env.update(_databricks_credentials())
+    env.update(system_settings())  # MLflow's system-metrics switch, when on (tracking.system)
     return env
 
 
