@@ -167,6 +167,32 @@ def empty_mlflow_db(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return path
 
 
+#: Where MLflow keeps a registry URI once set: its module global, and (MLflow 3) an
+#: environment variable every later subprocess inherits.
+REGISTRY_ENV = "MLFLOW_REGISTRY_URI"
+
+
+@pytest.fixture(autouse=True)
+def registry_isolated() -> Iterator[None]:
+    """No test's registry URI outlives it. ``mlflow.set_registry_uri`` sets a module global and,
+    on MLflow 3, ``MLFLOW_REGISTRY_URI`` in this process's environment, which every later
+    subprocess (the stand-in's tasks, the ranks) inherits; "restoring" it with
+    ``get_registry_uri()`` pins the tracking URI that resolved to. Both are put back as they
+    were (MLflow's module global: private, read and written here only)."""
+    try:
+        from mlflow.tracking._model_registry import utils as registry_utils
+    except ImportError:  # a stack without MLflow has no registry to leak
+        yield
+        return
+    saved, saved_env = registry_utils._registry_uri, os.environ.get(REGISTRY_ENV)
+    yield
+    registry_utils._registry_uri = saved
+    if saved_env is None:
+        os.environ.pop(REGISTRY_ENV, None)
+    else:
+        os.environ[REGISTRY_ENV] = saved_env
+
+
 @pytest.fixture()
 def store(tmp_path: Path, empty_mlflow_db: Path):
     """A real MLflow sqlite store and experiment under tmp_path; yields (tmp_path, exp id)."""
@@ -175,11 +201,8 @@ def store(tmp_path: Path, empty_mlflow_db: Path):
     shutil.copyfile(empty_mlflow_db, tmp_path / "mlflow.db")
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     previous = mlflow.get_tracking_uri()
-    previous_registry = mlflow.get_registry_uri()
     mlflow.set_tracking_uri(uri)
-    # The registry too: a test that set one and restored it (get_registry_uri() returns the
-    # tracking URI it resolved to) would otherwise keep every later test on its store.
-    mlflow.set_registry_uri(uri)
+    mlflow.set_registry_uri(uri)  # the registry of this store (registry_isolated restores it)
     exp = mlflow.create_experiment("hvdrunner-tests", artifact_location=str(tmp_path / "artifacts"))
     mlflow.set_experiment(experiment_id=exp)
     yield tmp_path, exp
@@ -187,7 +210,6 @@ def store(tmp_path: Path, empty_mlflow_db: Path):
     while mlflow.active_run():
         mlflow.end_run()
     mlflow.set_tracking_uri(previous)
-    mlflow.set_registry_uri(previous_registry)
     # docs/faults.md promises no run is left RUNNING: a test that leaves one active has found
     # that bug (ended here so the next test starts clean, then reported).
     if left is not None:

@@ -271,14 +271,15 @@ def test_dev_torch_job_and_keras_on_torch_need_nothing_built(tmp_path):
     ws = StandIn(tmp_path, "dev", VALUES | FAST, USER)
     ws.deploy()
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"  # the registry, local in place of Unity Catalog
-    values = ws.run_job("hvdrunner_train_torch", env={"MLFLOW_TRACKING_URI": uri})
+    values = ws.run_job("hvdrunner_train_torch",
+                        env={"MLFLOW_TRACKING_URI": uri, "MLFLOW_REGISTRY_URI": uri})  # fmt: skip
     assert values["batch_inference"]["test_accuracy"] > 0.8  # nothing built before it
     # The job left its model in the registry under the alias, and inference scored it by
     # that alias: the version the training run registered, its accuracy logged to that run.
     name = f"ml.team_a.hvdrunner_digits_dev_{bundle.short_name(USER)}_torch"
     trained = values["train_torch"]
     assert trained["model_uri"] == f"models:/{name}@champion"
-    client = mlflow.MlflowClient(uri)
+    client = mlflow.MlflowClient(uri, uri)
     version = client.get_model_version_by_alias(name, "champion")
     assert version.run_id == trained["run_id"]
     metrics = client.get_run(trained["run_id"]).data.metrics

@@ -46,7 +46,12 @@ def switched_on(env: dict[str, str] | None = None) -> bool:
 
 def settings(env: dict[str, str] | None = None) -> dict[str, str]:
     """What the ranks need of the driver's environment: the switch and MLflow's settings for
-    it (sampling interval, samples per log), when the switch is on; else nothing."""
+    it (sampling interval, samples per log), when the switch is on; else nothing.
+
+    Example:
+        >>> settings({"MLFLOW_ENABLE_SYSTEM_METRICS_LOGGING": "false"})
+        {}
+    """
     env = dict(os.environ if env is None else env)
     if not switched_on(env):
         return {}
@@ -55,7 +60,11 @@ def settings(env: dict[str, str] | None = None) -> dict[str, str]:
 
 def start() -> None:
     """Rank hook: on each host's first rank of a job with a run and the switch on, start
-    MLflow's monitor for this host (``system/node_<host>/``)."""
+    MLflow's monitor for this host (``system/node_<host>/``).
+
+    Example:
+        >>> start()  # outside a job: no run handed down, nothing started
+    """
     global _monitor
     run = run_id()
     if _monitor is not None or local_rank() != 0 or not run or not switched_on():
@@ -74,7 +83,11 @@ def start() -> None:
 
 
 def stop() -> None:
-    """Rank hook: log the last samples and stop the monitor (a no-op where none runs)."""
+    """Rank hook: log the last samples and stop the monitor (a no-op where none runs).
+
+    Example:
+        >>> stop()
+    """
     global _monitor
     if _monitor is not None:
         _monitor.finish()
