@@ -6,7 +6,6 @@ HorovodRunner's driver-process ranks. CPU only (no GPU here)."""
 
 from __future__ import annotations
 
-import socket
 import sys
 import time
 from pathlib import Path
@@ -14,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from helpers.engine_jobs import battery, launch, torchrun, without_horovod_env
+from helpers.ports import free_port
 from hvdrunner import HorovodRunner, HorovodRunnerError
 
 pytestmark = pytest.mark.torch
@@ -28,12 +28,6 @@ def _env(**extra: str) -> dict[str, str]:
 
 def _torchrun(*args: str, env: dict[str, str] | None = None, timeout: float = 120):
     return torchrun(*args, env=env or _env(), timeout=timeout)
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def test_the_hostile_battery(tmp_path):
@@ -109,7 +103,7 @@ def test_a_job_that_ends_without_shutdown_exits_cleanly_every_time(tmp_path, lau
             proc = _torchrun(str(script), str(out), timeout=120)
         else:
             cmd = [sys.executable, "-m", "databricks.air.sgc_run", "-n", "2", "--world_size", "2",
-                   "--master_addr", "127.0.0.1", "--master_port", str(_free_port()), str(script),
+                   "--master_addr", "127.0.0.1", "--master_port", str(free_port()), str(script),
                    str(out)]  # fmt: skip
             proc = launch(cmd, _env(), timeout=120)
         assert out.read_text() == "trained", proc.stderr[-2000:]

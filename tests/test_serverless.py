@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
 import sys
 import time
@@ -19,21 +18,16 @@ import mlflow
 import pytest
 
 from helpers.docblocks import block
+from helpers.ports import free_port
 
 pytestmark = [pytest.mark.torch, pytest.mark.stacks("torch")]
 HELPERS = Path(__file__).parent / "helpers"
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.fixture()
 def tracking_server(tmp_path):
     """``mlflow server`` on a sqlite store: where the launcher's ``databricks`` URI leads."""
-    port = _free_port()
+    port = free_port()
     server = subprocess.Popen(
         [sys.executable, "-m", "mlflow", "server", "--backend-store-uri",
          f"sqlite:///{tmp_path / 'server.db'}", "--default-artifact-root", str(tmp_path / "art"),

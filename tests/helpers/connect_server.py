@@ -16,13 +16,9 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+from helpers.ports import free_port
+
 SERVER_CLASS = "org.apache.spark.sql.connect.service.SparkConnectServer"
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def _wait_for_port(port: int, proc: subprocess.Popen, log: Path, within: float) -> None:
@@ -47,7 +43,7 @@ def connect_server(workdir: Path, master: str = "local[2]") -> Iterator[str]:
     from hvdrunner import spark as hvd_spark
 
     home = Path(pyspark.__file__).parent
-    port = _free_port()
+    port = free_port()
     log4j = f"-Dlog4j2.configurationFile=file:{hvd_spark._LOG4J}"
     env = {**os.environ, "SPARK_HOME": str(home), "PYSPARK_PYTHON": sys.executable,
            "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"}  # fmt: skip

@@ -55,6 +55,27 @@ def driver_context() -> dict[str, str]:
     return env
 
 
+def is_unity_catalog_name(name: str) -> bool:
+    """Whether ``name`` is a three-level ``<catalog>.<schema>.<model>`` name.
+
+    Example:
+        >>> is_unity_catalog_name("main.ml.digits"), is_unity_catalog_name("digits")
+        (True, False)
+    """
+    parts = name.split(".")
+    return len(parts) == 3 and all(parts)
+
+
+def is_workspace_registry(registry_uri: str) -> bool:
+    """Whether ``registry_uri`` is Databricks' workspace registry (not Unity Catalog's).
+
+    Example:
+        >>> is_workspace_registry("databricks"), is_workspace_registry("databricks-uc")
+        (True, False)
+    """
+    return registry_uri.startswith("databricks") and not registry_uri.startswith("databricks-uc")
+
+
 def check_registered_model_name(name: str | None, registry_uri: str | None = None) -> None:
     """Refuse a model name the registry would refuse, on the driver, before any rank starts.
 
@@ -76,18 +97,14 @@ def check_registered_model_name(name: str | None, registry_uri: str | None = Non
         import mlflow
 
         registry_uri = mlflow.get_registry_uri() or ""
-    parts = name.split(".")
-    three_level = len(parts) == 3 and all(parts)
+    three_level = is_unity_catalog_name(name)
     if registry_uri.startswith("databricks-uc") and not three_level:
         raise ValueError(
             f"registered_model_name={name!r}: the Unity Catalog registry ({registry_uri}) needs "
-            f"a three-level name <catalog>.<schema>.<model>, e.g. 'main.default.{parts[-1]}'"
+            f"a three-level name <catalog>.<schema>.<model>, e.g. "
+            f"'main.default.{name.split('.')[-1]}'"
         )
-    if (
-        registry_uri.startswith("databricks")
-        and not registry_uri.startswith("databricks-uc")
-        and three_level
-    ):
+    if is_workspace_registry(registry_uri) and three_level:
         raise ValueError(
             f"registered_model_name={name!r} is a Unity Catalog name, but the registry is the "
             f"workspace registry ({registry_uri}): call mlflow.set_registry_uri('databricks-uc') "

@@ -14,7 +14,11 @@ from __future__ import annotations
 
 import re
 
-from hvdrunner.tracking.driver import check_registered_model_name
+from hvdrunner.tracking.driver import (
+    check_registered_model_name,
+    is_unity_catalog_name,
+    is_workspace_registry,
+)
 
 #: What both registries take: Unity Catalog's alias rule (letters, digits, underscores; not
 #: starting with a digit) within MLflow's (which also reserves ``latest`` and ``v<digits>``).
@@ -107,9 +111,6 @@ def registry_for(name: str | None, alias: str | None = None) -> None:
         check_model_alias(alias)
     if name is None:
         return
-    current = mlflow.get_registry_uri() or ""
-    parts = name.split(".")
-    workspace = current.startswith("databricks") and not current.startswith("databricks-uc")
-    if len(parts) == 3 and all(parts) and workspace:
+    if is_unity_catalog_name(name) and is_workspace_registry(mlflow.get_registry_uri() or ""):
         mlflow.set_registry_uri("databricks-uc")
     check_registered_model_name(name)
