@@ -6,7 +6,10 @@
 #                         HorovodRunner. Nothing compiled: TensorFlow runs on hvdrunner's
 #                         engine. Its tests add the compiled horovod (for TensorFlow), the
 #                         parity reference (tests/test_engine_tf.py; a cached wheel when built).
-# STACK=lts:              Python 3.11, TF 2.15 / Keras 2, pyspark 3.5, petastorm (DBR 15.4 LTS ML).
+# STACK=15.4:             a replica of Databricks Runtime 15.4 LTS ML from Databricks' own package
+#                         list (requirements/15.4/runtime.txt): Python 3.11, TF 2.16.1 / Keras
+#                         3.2.1 (+ tf-keras 2.16.0), torch 2.3.1, pyspark 3.5.0 without package
+#                         metadata, pyarrow 14, petastorm 0.12.1, mlflow-skinny 2.13.1.
 # STACK=torch:            Python 3.11, torch 2.13 (CPU), pyspark 4.1, no TensorFlow, no horovod
 #                         (nothing compiled): the PyTorch tests (marker `torch`) on
 #                         hvdrunner's engine and `make demo FRAMEWORK=torch`.
@@ -32,6 +35,8 @@ STAMP  := $(VENV)/.hvdrunner-env-stamp
 ENV_INPUTS := scripts/setup_stack.sh scripts/install_horovod.sh \
               requirements/$(STACK)/framework.txt requirements/$(STACK)/stack.txt \
               requirements/dev.txt $(wildcard patches/*.patch) pyproject.toml \
+              $(wildcard requirements/$(STACK)/runtime.txt requirements/$(STACK)/differences.txt) \
+              scripts/runtime_pins.py \
               $(if $(filter gpu,$(STACK)),requirements/torch/stack.txt)
 
 export STACK
@@ -103,7 +108,7 @@ else
 	$(PY) benchmarks/knobs_accuracy.py
 	$(PY) benchmarks/multihost.py      # needs root: two hosts in network namespaces
 	$(PY) benchmarks/synthetic_resnet50.py  # Horovod's ResNet-50 protocol: HorovodRunner, horovodrun
-	$(PY) benchmarks/image_feed.py      # images decoded on the ranks; vs real petastorm on lts
+	$(PY) benchmarks/image_feed.py      # images decoded on the ranks; vs real petastorm on 15.4
 ifeq ($(STACK),modern)
 	$(PY) benchmarks/tf_distribute_comparison.py  # Keras: fit (engine, compiled), the recipe, MirroredStrategyRunner
 	$(PY) benchmarks/tf_engine_latency.py        # one small allreduce in tf.function: the engine vs the compiled op

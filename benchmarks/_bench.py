@@ -12,9 +12,10 @@ from hvdrunner._versions import major_minor, tensorflow, version
 
 
 def stack() -> str:
-    """``lts`` (TF 2.15 / Keras 2), ``modern`` (TF >= 2.16 / Keras 3) or ``torch`` (no TF),
-    as the Makefile names them."""
-    if os.environ.get("STACK") in ("lts", "modern", "torch"):
+    """``15.4`` (the replica of 15.4 LTS ML), ``modern`` (TF >= 2.16 / Keras 3), ``torch``
+    (no TF) or ``gpu``, as the Makefile names them; ``lts`` for a TF <= 2.15 venv (the stack
+    the 15.4 replica replaced, whose results files keep its name)."""
+    if os.environ.get("STACK") in ("15.4", "modern", "torch", "gpu"):
         return os.environ["STACK"]
     if tensorflow() is None:
         return "torch"

@@ -6,7 +6,7 @@ Prepares ``rows`` × 784 float32 + int label once with ``hvdrunner.data.prepare`
 then times reading shard 0 of 2 into batches of 256 (rows delivered per second):
 (a) pyarrow ``read_table`` + vectorized flatten into numpy, one epoch (the practical limit),
 (b) petastorm's default TF path (``make_batch_reader`` + ``make_petastorm_dataset``,
-    unbatch/batch as ``SparkDatasetConverter.make_tf_dataset`` does; lts only), one epoch,
+    unbatch/batch as ``SparkDatasetConverter.make_tf_dataset`` does; 15.4 only), one epoch,
 (c) ``PreparedData.tf_dataset(in_memory=False)``: streaming, shuffling on, one epoch,
 (c2) the same without shuffling (the work (a) does, delivered as batched tensors),
 (d) ``PreparedData.tf_dataset(in_memory=True)``, first epoch (decode + gather),
@@ -147,7 +147,7 @@ def main() -> None:
         ("d_hvdrunner_memory_first_epoch", hvdrunner_memory_first),
         ("e_hvdrunner_memory_3_epochs", hvdrunner_memory_3_epochs),
     ]
-    if importlib.util.find_spec("petastorm") is not None:  # lts only: no petastorm on modern
+    if importlib.util.find_spec("petastorm") is not None:  # 15.4 only: no petastorm on modern
         readers.insert(1, ("b_petastorm_default", petastorm_default))
     raw_pyarrow(data)  # warm the page cache
     results = {name: timed(fn, data, args.reps) for name, fn in readers}

@@ -4,11 +4,11 @@ A table of JPEG bytes (synthetic flowers, 500 images of 128x128, read with Spark
 ``binaryFile`` source) goes through ``make_spark_converter`` and ``make_tf_dataset`` with the
 same ``TransformSpec`` (decode with PIL, resize to 64x64, scale to [0, 1]), the same batch
 size and ``workers_count``, as one rank of two reads it (``cur_shard=0, shard_count=2``):
-hvdrunner's drop-in, and, on a stack where it imports (lts), real petastorm 0.13.1,
+hvdrunner's drop-in, and, on a stack where it imports (15.4), real petastorm,
 interleaved rep by rep; images/s over whole passes of the shard. And the cache each writes
 against the JPEG files' bytes. Results in benchmarks/results/image_feed-<stack>.json.
 
-    STACK=lts .venv-lts/bin/python benchmarks/image_feed.py [--reps 3 --workers 2]
+    STACK=15.4 .venv-15.4/bin/python benchmarks/image_feed.py [--reps 3 --workers 2]
 """
 
 from __future__ import annotations

@@ -2,10 +2,10 @@
 
 Runs each recipe as written (2 ranks, local[2], digits: 1,437 training rows in 7 uneven
 partitions, 360 for validation) ``--reps`` times with ``hvdrunner.petastorm``, and on a
-stack where petastorm imports (lts) again with real petastorm, only its import line swapped.
+stack where petastorm imports (15.4) again with real petastorm, only its import line swapped.
 Writes benchmarks/results/petastorm_recipes-<stack>.json.
 
-    STACK=lts .venv-lts/bin/python benchmarks/petastorm_recipes.py [--reps 2]
+    STACK=15.4 .venv-15.4/bin/python benchmarks/petastorm_recipes.py [--reps 2]
 """
 
 from __future__ import annotations

@@ -1,9 +1,12 @@
 #!/usr/bin/env bash
-# Brings one stack's venv up to its pins:  STACK=modern|lts|torch bash scripts/setup_stack.sh
+# Brings one stack's venv up to its pins:  STACK=modern|15.4|torch|gpu bash scripts/setup_stack.sh
 # Idempotent: `make` calls it only when a requirements file or a script changed, and each
 # stage below checks before it works.
 #
-#   lts     Python 3.11, TF 2.15 (Keras 2), pyspark 3.5, pyarrow 14, petastorm (DBR 15.4 LTS ML)
+#   15.4    a replica of Databricks Runtime 15.4 LTS ML, from Databricks' own package list
+#           (requirements/15.4/runtime.txt): Python 3.11, TF 2.16.1 (Keras 3.2.1, tf-keras
+#           2.16.0), torch 2.3.1, pyspark 3.5.0 without package metadata (as on a cluster),
+#           pyarrow 14, petastorm 0.12.1, mlflow-skinny 2.13.1, horovod 0.28.1 for TensorFlow
 #   modern  Python 3.12, TF 2.21 (Keras 3) + tf_keras, pyspark 4.1, pyarrow < 23, no petastorm
 #   torch   Python 3.11, torch 2.13 (CPU), pyspark 4.1, pyarrow < 23, no TensorFlow and no
 #           horovod: PyTorch runs on hvdrunner's engine (torch.distributed), nothing compiled
@@ -19,12 +22,13 @@ set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 STACK="${STACK:-modern}"
+REPLICA=  # a runtime replica: its pins come from requirements/<runtime>/runtime.txt
 case "$STACK" in
-  lts) PYVER=3.11 ;;
+  15.4) PYVER=3.11; REPLICA=1 ;;
   modern) PYVER=3.12 ;;
   torch) PYVER=3.11 ;;  # on 3.11 pip takes torch's CPU wheel from disk; elsewhere a CUDA build
   gpu) PYVER=3.11 ;;    # on 3.11 pip takes torch 2.14.1's CUDA wheel and its nvidia-* from disk
-  *) printf 'ERROR: STACK must be lts, modern, torch or gpu (got %s)\n' "$STACK" >&2; exit 2 ;;
+  *) printf 'ERROR: STACK must be 15.4, modern, torch or gpu (got %s)\n' "$STACK" >&2; exit 2 ;;
 esac
 VENV="${VENV:-$ROOT/.venv-$STACK}"
 REQ="$ROOT/requirements/$STACK"
@@ -57,8 +61,15 @@ PY="$VENV/bin/python"
 PIP=("$PY" -m pip --disable-pip-version-check)
 "${PIP[@]}" install -q --upgrade "pip>=24,<26"
 
+# A replica installs every stage under its runtime's pins (with its recorded differences).
+PINS=()
+if [ -n "$REPLICA" ]; then
+  "$PY" "$ROOT/scripts/runtime_pins.py" constraints "$STACK" >"$VENV/replica-constraints.txt"
+  PINS=(-c "$VENV/replica-constraints.txt")
+fi
+
 say "stage 1/3: the framework ($REQ/framework.txt)"
-"${PIP[@]}" install -q -r "$REQ/framework.txt"
+"${PIP[@]}" install -q -r "$REQ/framework.txt" "${PINS[@]}"
 
 GPU=none
 [ "$STACK" != gpu ] || GPU=nccl
@@ -71,13 +82,30 @@ elif [ "$STACK" = modern ]; then
   # TensorFlow and PyTorch run on hvdrunner's engine: nothing compiled. `make test` adds the
   # compiled horovod for TensorFlow (the parity reference, HVDRUNNER_ENGINE=horovod).
   say "stage 2/3: no horovod to build (TensorFlow and PyTorch run on hvdrunner's engine)"
+elif [ -n "$REPLICA" ]; then
+  # The runtime ships horovod 0.28.1; hvdrunner's engine runs TensorFlow and PyTorch there
+  # unless HVDRUNNER_ENGINE=horovod. Built for TensorFlow, as the lts stack's was.
+  say "stage 2/3: horovod from source for TensorFlow (the runtime ships one; the engine is the default)"
+  PIP_CONSTRAINT="$VENV/replica-constraints.txt" PYTHON="$PY" \
+    HVDRUNNER_HOROVOD_FRAMEWORKS=tensorflow bash "$ROOT/scripts/install_horovod.sh"
 else
   say "stage 2/3: horovod from source (the framework + gloo, no MPI; GPU operations: $GPU)"
   PYTHON="$PY" HVDRUNNER_HOROVOD_GPU="$GPU" bash "$ROOT/scripts/install_horovod.sh"
 fi
 
 say "stage 3/3: Spark, Arrow, MLflow, dev tools, hvdrunner ($REQ/stack.txt)"
-"${PIP[@]}" install -q -r "$REQ/stack.txt" -c "$REQ/framework.txt"
+if [ -n "$REPLICA" ]; then
+  "${PIP[@]}" install -q -r "$REQ/stack.txt" "${PINS[@]}"
+  # On a cluster pyspark is on the interpreter's path with no package metadata (no pip
+  # distribution): whatever reads its version from metadata must not work here either.
+  "$PY" - <<'PY'
+import pathlib, shutil, sysconfig
+for meta in pathlib.Path(sysconfig.get_paths()["purelib"]).glob("pyspark-*.dist-info"):
+    shutil.rmtree(meta)
+PY
+else
+  "${PIP[@]}" install -q -r "$REQ/stack.txt" -c "$REQ/framework.txt"
+fi
 # The editable install writes src/hvdrunner.egg-info, shared by every stack's venv: one at a
 # time when stacks are set up side by side (.ci/run does).
 if command -v flock >/dev/null 2>&1; then
@@ -87,6 +115,14 @@ else
 fi
 
 say "pip check"
-"${PIP[@]}" check || die "pip check found conflicts in $VENV (see above)"
+if [ -n "$REPLICA" ]; then
+  # A cluster's pyspark has no metadata, so pip reports it missing to whoever requires it
+  # (petastorm): that line, and only that one, is what the runtime itself shows.
+  conflicts="$("${PIP[@]}" check 2>&1 | grep -v -e 'requires pyspark, which is not installed' \
+    -e '^No broken requirements' || true)"
+  [ -z "$conflicts" ] || die "pip check found conflicts in $VENV: $conflicts"
+else
+  "${PIP[@]}" check || die "pip check found conflicts in $VENV (see above)"
+fi
 TF_CPP_MIN_LOG_LEVEL=3 "$PY" -m hvdrunner doctor --quiet || die "hvdrunner doctor failed in $VENV (see above)"
 say "environment ready: $VENV"

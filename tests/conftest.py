@@ -45,8 +45,8 @@ def _installed(dist: str) -> bool:
 #: Where each test runs (CI runs `make test` on every stack; docs/testing.md). A test runs
 #: where it adds information:
 #: - ``torch``-marked: the stacks with torch (the torch stack);
-#: - ``keras``-marked (Keras and TensorFlow behaviour): every TensorFlow stack (lts: Keras 2,
-#:   modern: Keras 3); those also marked ``keras_mode`` (a code path that differs by Keras
+#: - ``keras``-marked (Keras and TensorFlow behaviour): every TensorFlow stack (15.4: Keras
+#:   3.2, the oldest Keras 3 a runtime ships; modern: Keras 3.15); those also marked ``keras_mode`` (a code path that differs by Keras
 #:   mode: Horovod's Keras layer and the guard, model saving, checkpoint files, the
 #:   optimizer wrapper) again in tf_keras mode (`make test-tf-keras`); those also marked
 #:   ``keras_torch`` (a path that differs by Keras backend: the collectives, the optimizer
@@ -56,9 +56,9 @@ def _installed(dist: str) -> bool:
 #:   it): the modern stack, which has TensorFlow, torch and a compiled horovod;
 #: - ``stacks("torch", "gpu")`` on a ``torch`` test: also on the gpu stack, whose horovod is
 #:   the CUDA + NCCL build - its CPU paths must give what the CPU build gives;
-#: - ``stacks("lts", ...)``: the stacks named - a test about what differs between them
-#:   (Spark 3.5 vs 4.1, pyarrow 14 vs 22, MLflow 2.13 vs 3.8, the stack's own horovod
-#:   build), or one half of a module split between them (the two-host cluster's name modes);
+#: - ``stacks("15.4", ...)``: the stacks named - a test about what differs between them
+#:   (Spark 3.5 vs 4.1, pyarrow 14 vs 22, MLflow 2.13 vs 3.8, real petastorm, the stack's
+#:   own horovod build), or one half of a module split between them (the two-host cluster's name modes);
 #: - anything else is framework-independent (the launcher, notebooks, the bundle, faults):
 #:   it runs once, on HOME_STACK, the default stack.
 #: The stack is the Makefile's ``STACK``; without it (a bare ``pytest``) or with
@@ -68,8 +68,8 @@ if KERAS_ON_TORCH:
     os.environ.setdefault("KERAS_BACKEND", "torch")
 
 HOME_STACK = "modern"
-STACKS = ("lts", "modern", "torch", "gpu")
-TF_STACKS = ("lts", "modern")
+STACKS = ("15.4", "modern", "torch", "gpu")
+TF_STACKS = ("15.4", "modern")
 
 
 def selected_stack() -> str | None:

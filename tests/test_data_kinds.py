@@ -18,7 +18,7 @@ import pytest
 from hvdrunner.data import TransformSpec, prepare
 
 # Spark 3.5 + pyarrow 14 (lts) and Spark 4.1 + pyarrow 22 (modern) write and read these.
-pytestmark = pytest.mark.stacks("lts", "modern")
+pytestmark = pytest.mark.stacks("15.4", "modern")
 
 
 def jpeg(value: int, size: int = 8) -> bytes:
@@ -257,7 +257,7 @@ def _plain(value):
 
 
 @pytest.mark.keras
-@pytest.mark.stacks("lts")
+@pytest.mark.stacks("15.4")
 @pytest.mark.timeout(300)
 def test_every_kind_reads_as_real_petastorm_reads_it(spark, table, tmp_path):
     """The same DataFrame through petastorm 0.13.1 and the drop-in: the same columns, dtypes,

@@ -393,7 +393,7 @@ def _table_column(stage: str) -> dict[str, int]:
 # Each stage checks its own column (tf_keras mode: the keras_mode tests of `make test-tf-keras`).
 @pytest.mark.keras_torch
 @pytest.mark.keras_mode
-@pytest.mark.stacks("modern", "lts", "torch", "gpu")
+@pytest.mark.stacks("modern", "15.4", "torch", "gpu")
 def test_testing_md_counts_the_tests_this_stage_runs():
     from conftest import selected_stack
 

@@ -62,7 +62,7 @@ def test_the_keras_image_recipe_trains_with_the_drop_in_under_keras_3(spark, tmp
 
 
 @pytest.mark.keras
-@pytest.mark.stacks("lts")
+@pytest.mark.stacks("15.4")
 @pytest.mark.timeout(600)
 def test_the_keras_image_recipe_matches_real_petastorm(spark, tmp_path, images):
     source = block("petastorm.md", "keras-images")

@@ -382,7 +382,7 @@ def test_validation_metrics_and_early_stopping_agree_on_every_rank(spark, digits
     "module",
     [
         # Real petastorm where it imports (lts: pyarrow < 15); hvdrunner's drop-in elsewhere.
-        pytest.param("petastorm.spark", marks=pytest.mark.stacks("lts")),
+        pytest.param("petastorm.spark", marks=pytest.mark.stacks("15.4")),
         pytest.param(
             "hvdrunner.petastorm.spark",
             marks=[pytest.mark.stacks("modern", "torch"), pytest.mark.keras_torch],

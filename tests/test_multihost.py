@@ -99,7 +99,7 @@ def _need_namespaces() -> None:
 #: One cluster per name mode, each on one TensorFlow stack (tests/conftest.py): both modes
 #: run once for the Keras family; the loopback mode, where the gloo patch matters, on the
 #: default stack. A bare `pytest` (or `make test-all`) runs both here.
-MODES = [pytest.param("resolving", marks=pytest.mark.stacks("lts")),
+MODES = [pytest.param("resolving", marks=pytest.mark.stacks("15.4")),
          pytest.param("loopback", marks=pytest.mark.stacks("modern"))]  # fmt: skip
 
 

@@ -136,7 +136,7 @@ def test_jobs_load_with_databricks_bundles_and_match_the_notebooks(name, framewo
         pytest.param("keras", "prepare", None,
                      marks=[pytest.mark.keras, pytest.mark.stacks("modern")]),
         pytest.param("keras", "petastorm", None,
-                     marks=[pytest.mark.keras, pytest.mark.stacks("lts")]),
+                     marks=[pytest.mark.keras, pytest.mark.stacks("15.4")]),
     ],
 )  # fmt: skip
 def test_the_three_notebooks_run_as_a_local_job(tmp_path, framework, feed, backend):

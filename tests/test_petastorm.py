@@ -17,7 +17,7 @@ CONF = SparkDatasetConverter.PARENT_CACHE_DIR_URL_CONF
 # The converter's write and read are the data layer's: Spark 3.5 + pyarrow 14 on lts, Spark
 # 4.1 + pyarrow 22 on modern (the torch stack's too; tests/conftest.py). The torch loader's
 # own test runs on torch.
-data_layer = pytest.mark.stacks("lts", "modern")
+data_layer = pytest.mark.stacks("15.4", "modern")
 
 
 @pytest.fixture()
@@ -219,7 +219,7 @@ def test_a_damaged_cache_file_fails_loudly_naming_it(spark, parent):
     converter.delete()
 
 
-@pytest.mark.stacks("lts")
+@pytest.mark.stacks("15.4")
 def test_real_petastorm_gives_unequal_shards_where_the_drop_in_gives_equal_ones(spark, parent):
     # What the drop-in fixes, shown on the one stack where petastorm imports: row-group
     # shards of an unevenly partitioned DataFrame hold different row counts, so with a finite

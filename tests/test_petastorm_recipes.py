@@ -53,7 +53,7 @@ def test_the_keras_recipe_runs_with_one_changed_import_under_keras_3(spark, tmp_
 
 
 @pytest.mark.keras
-@pytest.mark.stacks("lts")
+@pytest.mark.stacks("15.4")
 @pytest.mark.timeout(480)
 def test_the_keras_recipe_matches_real_petastorm_on_keras_2(spark, tmp_path):
     source = block("petastorm.md", "keras")

@@ -25,7 +25,7 @@ CPU_NOISE = (
 #: the alembic logger at INFO; MLflow 2.13 and 3.8 format them differently).
 CHATTER = (
     "INFO alembic.runtime.", "INFO  [alembic.", "INFO mlflow.store.db.utils:",
-    # lts' setuptools (< 70, for petastorm) when something imports distutils: the warning
+    # 15.4's setuptools (68, what the runtime ships) when something imports distutils: the warning
     # and its source line
     "Setuptools is replacing distutils",
     # TensorFlow loading a Keras 2 model saved without its optimizer, as tracking saves it

@@ -62,13 +62,13 @@ def _demo(args: argparse.Namespace) -> int:
     # MLflow's sqlite store narrates its schema migrations at INFO (alembic): not news to
     # someone running a demo. Real warnings still show.
     os.environ.setdefault("MLFLOW_LOGGING_LEVEL", "WARNING")
-    # One store on every stack: MLflow 2.13 (lts) would default to ./mlruns, 3.8 to sqlite.
+    # One store on every stack: MLflow 2.13 (15.4) would default to ./mlruns, 3.8 to sqlite.
     os.environ.setdefault("MLFLOW_TRACKING_URI", "sqlite:///mlflow.db")
     import mlflow
 
     from hvdrunner import _console, _noise
 
-    # MLflow 2.13 (lts) ignores MLFLOW_LOGGING_LEVEL and narrates a new store's migrations
+    # MLflow 2.13 (15.4) ignores MLFLOW_LOGGING_LEVEL and narrates a new store's migrations
     # through alembic's own handlers: open the store once here, quietly, then keep MLflow's
     # INFO lines (experiment created, backend selected) out of the demo.
     with _console.replayed_without((*_noise.CHATTER, "INFO  [", " INFO mlflow.")):

@@ -172,7 +172,7 @@ def _framework_checks(tf: str | None, torch: str | None, env: dict[str, str]) ->
     return [
         Check("tensorflow", tf is not None if torch is None else (tf is not None or None),
               tf or "not installed", "install a supported stack: make env STACK=modern (or "
-              "STACK=lts, or STACK=torch for PyTorch)", required=torch is None),
+              "STACK=15.4, or STACK=torch for PyTorch)", required=torch is None),
         Check("torch", False if needs_torch else (True if torch else None), torch_detail,
               "pip install torch (every Databricks ML runtime with TensorFlow ships it): "
               "HVDRUNNER_ENGINE=hvdrunner runs TensorFlow over torch.distributed",
@@ -209,9 +209,9 @@ def evaluate_stack(
 ) -> list[Check]:
     """Version compatibility of every supported stack. Pure: tests feed it fake versions.
 
-    lts (TF 2.15, Keras 2, numpy < 2, petastorm with pyarrow < 15), modern (TF >= 2.16,
-    Keras 3 or tf_keras mode, no petastorm) and torch (no TF) pass; mixes that break
-    training fail.
+    TF <= 2.15 (Keras 2, numpy < 2), TF >= 2.16 (15.4 and modern: Keras 3 or tf_keras
+    mode), petastorm with pyarrow < 15 and torch without TF pass; mixes that break training
+    fail.
     """
     env = dict(os.environ if env is None else env)
     tf = versions.get("tensorflow")
@@ -255,7 +255,7 @@ def evaluate_stack(
             "hvdrunner.petastorm.spark instead)"))  # fmt: skip
     spark = versions.get("pyspark")
     checks.append(Check("pyspark", spark is not None, spark or "not installed",
-                        "pip install pyspark (3.5 with lts, 4.1 with modern and torch)"))  # fmt: skip
+                        "pip install pyspark (3.5 with 15.4, 4.1 with modern and torch)"))  # fmt: skip
     mlflow = versions.get("mlflow")
     checks.append(
         Check("mlflow", mlflow is not None, mlflow or "not installed", "pip install mlflow==3.17.2")

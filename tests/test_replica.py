@@ -1,0 +1,106 @@
+"""The runtime replicas (docs/stacks.md, "The runtime replicas"): each installs what its
+Databricks runtime ships, as requirements/<runtime>/runtime.txt records it from Databricks'
+own list, with only the differences differences.txt gives a reason for; pyspark has no package
+metadata, as on a cluster. The checks of the installed venv run on the replica's own stage."""
+
+from __future__ import annotations
+
+import importlib.metadata as md
+import importlib.util
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+SCRIPT = ROOT / "scripts" / "runtime_pins.py"
+
+
+def _pins_module():
+    spec = importlib.util.spec_from_file_location("runtime_pins", SCRIPT)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["runtime_pins"] = module  # dataclasses look their module up
+    spec.loader.exec_module(module)
+    return module
+
+
+pins = _pins_module()
+
+
+def _replica() -> str:
+    """The runtime this venv replicates (the Makefile's STACK), else skip: ``make test-all``
+    on another stack has no runtime to compare with."""
+    stack = os.environ.get("STACK", "")
+    if not (ROOT / "requirements" / stack / "runtime.txt").exists():
+        pytest.skip(f"STACK={stack!r} is no runtime replica")
+    return stack
+
+
+def test_databricks_list_becomes_exact_pins_with_the_runtimes_spark(tmp_path):
+    listed = tmp_path / "constraints.txt"
+    listed.write_text("# constraints.txt file for Databricks Runtime 15.4.x-gpu-ml-scala2.12\n"
+                      "Keras~=3.2.1\ntf_keras~=2.16.0\ntorch~=2.3.1\nspacy~=3.7.2\n")  # fmt: skip
+    text = pins.runtime_txt("15.4", listed.read_text(), "a/constraints.txt at abc")
+    written = pins.shipped(text)
+    assert written["pyspark"] == "3.5.0"  # from the release notes: no pip package there
+    assert (written["keras"], written["tf-keras"], written["torch"]) == ("3.2.1", "2.16.0", "2.3.1")
+    assert "spacy" not in written  # not a package hvdrunner's paths touch
+    assert "# tensorflow: not shipped" in text and "a/constraints.txt at abc" in text
+
+
+def test_a_difference_replaces_the_runtimes_pin_and_needs_a_reason(tmp_path, monkeypatch):
+    folder = tmp_path / "requirements" / "15.4"
+    folder.mkdir(parents=True)
+    (folder / "runtime.txt").write_text("pyspark==3.5.0  # spark\ntorch==2.3.1\nnumpy==1.23.5\n")
+    (folder / "differences.txt").write_text("torch==2.3.0  # the only build for this Python\n")
+    monkeypatch.setattr(pins, "ROOT", tmp_path)
+    merged = pins.shipped(pins.constraints("15.4"))
+    assert merged == {"pyspark": "3.5.0", "torch": "2.3.0", "numpy": "1.23.5"}
+    (folder / "differences.txt").write_text("torch==2.3.0\n")
+    with pytest.raises(SystemExit, match="torch differs from the runtime without a reason"):
+        pins.constraints("15.4")
+
+
+def test_every_replica_names_its_runtimes_python_in_runtime_txt():
+    for folder in sorted((ROOT / "requirements").iterdir()):
+        if (folder / "runtime.txt").exists():
+            text = (folder / "runtime.txt").read_text()
+            assert f"# python {pins.RUNTIMES[folder.name].python}\n" in text, folder
+            assert "databricks/environments" in text.splitlines()[0], folder
+
+
+@pytest.mark.stacks("15.4")
+def test_the_replica_has_what_the_runtime_ships_and_no_more_differences():
+    """Every package of the runtime's list that is installed here is at the runtime's version
+    (or its recorded difference); the ones hvdrunner's paths need are installed."""
+    stack = _replica()
+    expected = pins.shipped(pins.constraints(stack))
+    wrong = {}
+    for name, version in expected.items():
+        if name == "pyspark":
+            continue
+        try:
+            found = md.version(name)
+        except md.PackageNotFoundError:
+            found = None
+        if found is not None and found != version:
+            wrong[name] = found
+    assert not wrong, f"installed, against {stack}'s pins {expected}: {wrong}"
+    for needed in ("tensorflow", "keras", "torch", "numpy", "pandas", "pyarrow", "mlflow-skinny"):
+        assert md.version(needed) == expected[needed]
+
+
+@pytest.mark.stacks("15.4")
+def test_pyspark_is_importable_without_package_metadata_as_on_a_cluster():
+    stack = _replica()
+    with pytest.raises(md.PackageNotFoundError):
+        md.version("pyspark")
+    out = subprocess.run([sys.executable, "-c", "import pyspark; print(pyspark.__version__)"],
+                         capture_output=True, text=True, check=True).stdout.strip()  # fmt: skip
+    assert out == pins.shipped(pins.constraints(stack))["pyspark"]
+    from hvdrunner import _versions
+
+    assert _versions.version("pyspark") == out  # what doctor reads, without metadata
