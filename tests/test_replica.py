@@ -104,3 +104,29 @@ def test_pyspark_is_importable_without_package_metadata_as_on_a_cluster():
     from hvdrunner import _versions
 
     assert _versions.version("pyspark") == out  # what doctor reads, without metadata
+
+
+@pytest.mark.parametrize(("version", "supported", "words"), [
+    ("15.4", True, "CI runs a replica"),
+    ("18.1", True, "near it (STACK=modern"),
+    ("16.4", None, "no replica of it runs in hvdrunner's CI yet"),
+    ("14.3", False, "before 15.4 LTS"),
+    ("client.1.13", None, "not a version hvdrunner can read"),
+])  # fmt: skip
+def test_the_doctor_names_the_runtime_and_whether_it_is_tested(version, supported, words):
+    from hvdrunner import workspace
+
+    found, line = workspace.runtime_support({"DATABRICKS_RUNTIME_VERSION": version})
+    assert found is supported and words in line and version in line
+    assert workspace.runtime_support({}) == (None, "not databricks")
+
+
+def test_the_runtimes_said_to_be_replicated_are_the_replicas_ci_builds():
+    from hvdrunner import workspace
+
+    built = {f.name for f in (ROOT / "requirements").iterdir() if (f / "framework.txt").exists()
+             and (f / "runtime.txt").exists()}  # fmt: skip
+    said = {k for k, v in workspace.TESTED_RUNTIMES.items() if "replica" in v}
+    assert said == built
+    ci = (ROOT / ".ci" / "run").read_text()
+    assert all(f"make test STACK={name}" in ci for name in built)

@@ -297,6 +297,10 @@ def environment_checks(master: str | None) -> list[Check]:
     )
     checks.append(Check("compute", None, workspace.describe_access_mode(_session()),
                         required=False))  # fmt: skip
+    supported, runtime = workspace.runtime_support()
+    if runtime != "not databricks":
+        checks.append(Check("runtime", supported, runtime, "use 15.4 LTS ML or later",
+                            required=False))  # fmt: skip
     try:
         import mlflow
 

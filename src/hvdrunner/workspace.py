@@ -128,3 +128,40 @@ def describe_access_mode(spark: Any = None, env: dict[str, str] | None = None) -
     """One line: the access mode and what works there."""
     mode = access_mode(spark, env)
     return f"{mode}: {ACCESS_MODES[mode]}"
+
+
+#: The ML runtimes hvdrunner's CI runs, and how (docs/stacks.md): a replica installs the
+#: runtime's own package list; ``modern`` is a stack near 18 LTS ML with newer frameworks.
+TESTED_RUNTIMES = {
+    "15.4": "tested: CI runs a replica of its packages (STACK=15.4)",
+    "18": "tested on a stack near it (STACK=modern: newer TensorFlow, Keras and torch)",
+}
+#: The oldest runtime hvdrunner supports: Databricks' own HorovodRunner covers the ones before.
+OLDEST_RUNTIME = (15, 4)
+
+
+def runtime_support(env: dict[str, str] | None = None) -> tuple[bool | None, str]:
+    """Whether hvdrunner supports the Databricks runtime this process runs on
+    (``DATABRICKS_RUNTIME_VERSION``), and how its CI proves it: True (tested), None (not on
+    Databricks, or a later runtime no replica has run yet) or False (before 15.4).
+
+    Example:
+        >>> runtime_support({"DATABRICKS_RUNTIME_VERSION": "15.4"})[1]
+        'Databricks Runtime 15.4: tested: CI runs a replica of its packages (STACK=15.4)'
+    """
+    env = dict(os.environ if env is None else env)
+    version = env.get("DATABRICKS_RUNTIME_VERSION", "").strip()
+    if not version:
+        return None, "not databricks"
+    parts = [int(p) for p in version.split(".")[:2] if p.isdigit()]
+    name = f"Databricks Runtime {version}"
+    if len(parts) < 2:
+        return None, f"{name}: not a version hvdrunner can read"
+    if tuple(parts) < OLDEST_RUNTIME:
+        return False, (f"{name}: before 15.4 LTS, which hvdrunner does not support (Databricks' "
+                       "own sparkdl.HorovodRunner ships there)")  # fmt: skip
+    key = str(parts[0]) if parts[0] >= 18 else f"{parts[0]}.{parts[1]}"
+    if key in TESTED_RUNTIMES:
+        return True, f"{name}: {TESTED_RUNTIMES[key]}"
+    return None, (f"{name}: supported, but no replica of it runs in hvdrunner's CI yet "
+                  "(tested: 15.4, 18); report what fails")  # fmt: skip
