@@ -15,19 +15,12 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from hvdrunner.engine import keepalive
+
 #: A round's message fits this many bytes in the common case: one collective per round.
 SLOT_BYTES = 4096
 #: torch >= 2.10 names it all_gather_single (the old name warns); older torch has only that.
 _ALL_GATHER = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
-
-#: Each control group's last round's tensors, kept until the next round on that group (or for
-#: good once the group is gone: 4 KB a rank). A gloo worker thread drops its last reference to
-#: a round's tensors just *after* the round's wait returns; if Python has dropped its own by
-#: then, that drop frees a Python object and needs the GIL. Before torch 2.8 (pytorch#154976)
-#: a process group's destructor holds the GIL while it waits for that worker, so the last
-#: round before hvd.shutdown() deadlocked the rank (found on the 15.4 replica, torch 2.3.1:
-#: about 1 job in 4). Held here, the worker's drop is never the last one.
-_last_round: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
 
 
 def exchange(message: Any, n: int, control: dist.ProcessGroup | None) -> list[Any]:
@@ -45,7 +38,7 @@ def exchange(message: Any, n: int, control: dist.ProcessGroup | None) -> list[An
         slot[8 : 8 + len(data)] = torch.frombuffer(bytearray(data), dtype=torch.uint8)
     out = torch.empty(n * SLOT_BYTES, dtype=torch.uint8)
     _ALL_GATHER(out, slot, group=control)
-    _last_round[id(control)] = (slot, out)
+    keepalive.last_round(control, slot, out)  # a gloo worker may drop them after us
     rows = out.view(n, SLOT_BYTES)
     heads = [int(rows[i, :8].view(torch.int64)[0]) for i in range(n)]
     if all(h >= 0 for h in heads):

@@ -19,7 +19,7 @@ from typing import Any
 
 import torch.distributed as dist
 
-from hvdrunner.engine import execute, negotiator, timeline, world
+from hvdrunner.engine import execute, keepalive, negotiator, timeline, world
 from hvdrunner.engine import lane as gradient_lane
 from hvdrunner.engine import process_sets as set_registry
 from hvdrunner.engine.process_sets import ProcessSet, global_process_set
@@ -88,6 +88,7 @@ def init(comm: Any = None, process_sets: Sequence[ProcessSet] | None = None) -> 
     with _lock:
         if _engine is not None:
             return
+        keepalive.forget()  # an earlier init()'s groups are gone, their workers joined
         settings = Settings.from_environment()
         env = world.World.from_environment()
         groups, topology = world.join_world(env, settings)
