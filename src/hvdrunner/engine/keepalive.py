@@ -18,10 +18,11 @@ from collections.abc import Iterable
 from typing import Any
 
 import torch
-from torch.torch_version import TorchVersion
+
+from hvdrunner._versions import major_minor
 
 #: Whether this torch's process-group destructor joins its workers holding the GIL.
-GROUP_DESTRUCTOR_HOLDS_GIL = TorchVersion(torch.__version__) < (2, 8)
+GROUP_DESTRUCTOR_HOLDS_GIL = major_minor(torch.__version__) < (2, 8)
 
 #: Each control group's last round's tensors, replaced by its next round (4 KB a rank).
 _rounds: dict[int, tuple[torch.Tensor, ...]] = {}
