@@ -164,4 +164,4 @@ def runtime_support(env: dict[str, str] | None = None) -> tuple[bool | None, str
     if key in TESTED_RUNTIMES:
         return True, f"{name}: {TESTED_RUNTIMES[key]}"
     return None, (f"{name}: supported, but no replica of it runs in hvdrunner's CI yet "
-                  "(tested: 15.4, 18); report what fails")  # fmt: skip
+                  f"(tested: {', '.join(TESTED_RUNTIMES)}); report what fails")  # fmt: skip
