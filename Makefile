@@ -1,31 +1,34 @@
 # hvdrunner: two user commands, `make demo` and `make test`. Each first brings the stack's
 # venv up to date (a no-op when nothing changed), then runs. See README.md.
 #
-# STACK=modern (default): Python 3.12, TF 2.21 / Keras 3, torch 2.13, pyspark 4.1 - the
-#                         runtimes after DBR 15.4 LTS ML, where Databricks ships no
-#                         HorovodRunner. Nothing compiled: TensorFlow runs on hvdrunner's
-#                         engine. Its tests add the compiled horovod (for TensorFlow), the
-#                         parity reference (tests/test_engine_tf.py; a cached wheel when built).
-# STACK=15.4:             a replica of Databricks Runtime 15.4 LTS ML from Databricks' own package
-#                         list (requirements/15.4/runtime.txt): Python 3.11, TF 2.16.1 / Keras
-#                         3.2.1 (+ tf-keras 2.16.0), torch 2.3.1, pyspark 3.5.0 without package
-#                         metadata, pyarrow 14, petastorm 0.12.1, mlflow-skinny 2.13.1.
-# STACK=torch:            Python 3.11, torch 2.13 (CPU), pyspark 4.1, no TensorFlow, no horovod
-#                         (nothing compiled): the PyTorch tests (marker `torch`) on
-#                         hvdrunner's engine and `make demo FRAMEWORK=torch`.
-# STACK=gpu:              Python 3.11, torch 2.14 (CUDA 13.0) and horovod built with CUDA + NCCL
-#                         from registry packages (no GPU needed to build): the compiled
-#                         horovod.torch's tests on its CPU paths (marker `stacks("gpu")`);
-#                         on a GPU machine `make gpu-check`.
-# make demo FRAMEWORK=torch: the PyTorch chain (on STACK=torch unless STACK says otherwise).
+# STACK names a Databricks ML runtime, replicated from Databricks' own package list
+# (requirements/<runtime>/runtime.txt, docs/stacks.md), or the gpu stack:
+# STACK=18 (default): 18 LTS ML - Python 3.12, TF 2.20 / Keras 3.12, torch 2.9.0, pyspark
+#                     4.1.0. Nothing compiled: TensorFlow runs on hvdrunner's engine. Its
+#                     tests add the compiled horovod (for TensorFlow), the parity reference
+#                     (tests/test_engine_tf.py; a cached wheel when built).
+# STACK=15.4:         15.4 LTS ML - Python 3.11, TF 2.16.1 / Keras 3.2.1 (+ tf-keras 2.16.0),
+#                     torch 2.3.1, pyspark 3.5.0, pyarrow 14, petastorm 0.12.1, mlflow-skinny
+#                     2.13.1, horovod 0.28.1 for TensorFlow (the runtime ships one).
+# STACK=19:           19 ML - Python 3.12, torch 2.12.0, pyspark 4.2.0, no TensorFlow and no
+#                     horovod (nothing compiled): the PyTorch tests (marker `torch`) on
+#                     hvdrunner's engine and `make demo FRAMEWORK=torch`.
+# STACK=16.4, 17.3:   16.4 and 17.3 LTS ML (Python 3.12; TF 2.17 / 2.19, torch 2.6 / 2.7, Spark
+#                     3.5.2 / 4.0.0, MLflow 2.21.3 / 3.0.1): `make test` runs each runtime's
+#                     smoke tests (the replica, the doctor, 2-rank Keras and PyTorch jobs).
+# STACK=gpu:          Python 3.11, torch 2.14 (CUDA 13.0) and horovod built with CUDA + NCCL
+#                     from registry packages (no GPU needed to build): the compiled
+#                     horovod.torch's tests on its CPU paths (marker `stacks("gpu")`);
+#                     on a GPU machine `make gpu-check`.
+# make demo FRAMEWORK=torch: the PyTorch chain (on STACK=19 unless STACK says otherwise).
 FRAMEWORK ?= keras
 ifeq ($(FRAMEWORK),torch)
-STACK  ?= torch
+STACK  ?= 19
 endif
-STACK  ?= modern
-# The torch stacks have Keras 3 and no TensorFlow: Keras runs on PyTorch there
-# (`make demo STACK=torch` trains the Keras notebook on it).
-ifneq ($(filter torch gpu,$(STACK)),)
+STACK  ?= 18
+# 19 and gpu have Keras 3 and no TensorFlow: Keras runs on PyTorch there
+# (`make demo STACK=19` trains the Keras notebook on it).
+ifneq ($(filter 19 gpu,$(STACK)),)
 export KERAS_BACKEND ?= torch
 endif
 VENV   ?= .venv-$(STACK)
@@ -36,8 +39,7 @@ ENV_INPUTS := scripts/setup_stack.sh scripts/install_horovod.sh \
               requirements/$(STACK)/framework.txt requirements/$(STACK)/stack.txt \
               requirements/dev.txt $(wildcard patches/*.patch) pyproject.toml \
               $(wildcard requirements/$(STACK)/runtime.txt requirements/$(STACK)/differences.txt) \
-              scripts/runtime_pins.py \
-              $(if $(filter gpu,$(STACK)),requirements/torch/stack.txt)
+              scripts/runtime_pins.py
 
 export STACK
 export PYSPARK_PYTHON := $(abspath $(PY))
@@ -52,8 +54,8 @@ demo: $(STAMP)        ## the main job: 2 Horovod ranks on local Spark, MLflow in
 demo-images: $(STAMP) ## images: JPEG files -> a table -> decoded on 2 ranks -> a CNN -> scored (notebooks/04_images.py)
 	MLFLOW_TRACKING_URI=$${MLFLOW_TRACKING_URI:-sqlite:///mlflow.db} $(PY) -m hvdrunner.notebook run notebooks/04_images.py --task-values .hvdrunner/images_task_values.json
 
-# modern's set-up compiles nothing; its tests add the compiled horovod beside the engine.
-ifeq ($(STACK),modern)
+# 18's set-up compiles nothing; its tests add the compiled horovod beside the engine.
+ifeq ($(STACK),18)
 TEST_ENV := $(VENV)/.hvdrunner-horovod-stamp
 else
 TEST_ENV := $(STAMP)
@@ -69,8 +71,8 @@ test: $(TEST_ENV)     ## the tests that $(STACK) adds information to (tests/conf
 test-all: $(TEST_ENV) ## every test $(STACK)'s frameworks can run, framework-independent ones too
 	HVDRUNNER_TESTS=all $(PY) -m pytest $(PYTEST_ARGS)
 
-test-tf-keras: $(TEST_ENV)  ## modern only: the mode-specific Keras tests in tf_keras mode (TF_USE_LEGACY_KERAS=1)
-	@[ "$(STACK)" = modern ] || { echo "test-tf-keras needs STACK=modern (tf_keras mode is TF >= 2.16)"; exit 2; }
+test-tf-keras: $(TEST_ENV)  ## 18 only: the mode-specific Keras tests in tf_keras mode (TF_USE_LEGACY_KERAS=1)
+	@[ "$(STACK)" = 18 ] || { echo "test-tf-keras needs STACK=18 (tf_keras mode is TF >= 2.16)"; exit 2; }
 	TF_USE_LEGACY_KERAS=1 $(PY) -m pytest -m keras_mode $(PYTEST_ARGS)
 
 docs: $(STAMP)        ## the docs site, built strictly (mkdocs.yml) into .hvdrunner/site
@@ -91,7 +93,7 @@ lint: $(STAMP)
 	$(VENV)/bin/mypy
 
 bench: $(TEST_ENV)     ## every benchmark on $(STACK); results in benchmarks/results/*-$(STACK).json
-ifeq ($(STACK),torch)
+ifeq ($(STACK),19)
 	$(PY) benchmarks/torch_comparison.py   # fit vs bare horovod.torch; vs TorchDistributor (DDP)
 	$(PY) benchmarks/epoch_wall.py         # whole epochs and whole jobs: fit, Keras, bare, DDP, horovod.spark.run
 	$(PY) benchmarks/synthetic_resnet50.py # Horovod's ResNet-50 protocol: HorovodRunner, horovodrun, DDP
@@ -109,7 +111,7 @@ else
 	$(PY) benchmarks/multihost.py      # needs root: two hosts in network namespaces
 	$(PY) benchmarks/synthetic_resnet50.py  # Horovod's ResNet-50 protocol: HorovodRunner, horovodrun
 	$(PY) benchmarks/image_feed.py      # images decoded on the ranks; vs real petastorm on 15.4
-ifeq ($(STACK),modern)
+ifeq ($(STACK),18)
 	$(PY) benchmarks/tf_distribute_comparison.py  # Keras: fit (engine, compiled), the recipe, MirroredStrategyRunner
 	$(PY) benchmarks/tf_engine_latency.py        # one small allreduce in tf.function: the engine vs the compiled op
 	$(PY) benchmarks/ring_model.py --hosts 3  # needs root: 4..32 hosts on paper, checked on 3 netns hosts

@@ -12,10 +12,11 @@ from hvdrunner._versions import major_minor, tensorflow, version
 
 
 def stack() -> str:
-    """``15.4`` (the replica of 15.4 LTS ML), ``modern`` (TF >= 2.16 / Keras 3), ``torch``
-    (no TF) or ``gpu``, as the Makefile names them; ``lts`` for a TF <= 2.15 venv (the stack
-    the 15.4 replica replaced, whose results files keep its name)."""
-    if os.environ.get("STACK") in ("15.4", "modern", "torch", "gpu"):
+    """The Makefile's STACK (``15.4``, ``18``, ``19``: runtime replicas; ``gpu``). A venv
+    without it gets the name of the stack its frameworks match among those the replicas
+    replaced, whose results files keep their names: ``lts`` (TF <= 2.15), ``modern`` (TF >=
+    2.16) or ``torch`` (no TF)."""
+    if os.environ.get("STACK") in ("15.4", "18", "19", "gpu"):
         return os.environ["STACK"]
     if tensorflow() is None:
         return "torch"

@@ -15,8 +15,8 @@ Variants are JSON: ``{"name": {"env": {...}, "buckets": false}}`` (``buckets``: 
 recipe's documented two-line change, ``groups=hvdrunner.torch.buckets(model)``). Results:
 ``benchmarks/results/bare_recipe_knobs-torch.json``, one entry per ``--label``.
 
-    .venv-torch/bin/python benchmarks/bare_recipe_knobs.py --model resnet50 --reps 5
-    .venv-torch/bin/python benchmarks/bare_recipe_knobs.py --model mlp --label try \\
+    .venv-19/bin/python benchmarks/bare_recipe_knobs.py --model resnet50 --reps 5
+    .venv-19/bin/python benchmarks/bare_recipe_knobs.py --model mlp --label try \\
         --variants '{"cycle20": {"env": {"HOROVOD_CYCLE_TIME": "20"}}, "default": {}}'
 """
 

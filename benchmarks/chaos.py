@@ -18,7 +18,7 @@ different weights, a RUNNING run, a leftover process, missing or doubled steps).
 
 Needs root (network namespaces). Results: ``benchmarks/results/chaos-torch.json``.
 
-    .venv-torch/bin/python benchmarks/chaos.py [--jobs 10 --seed 26]
+    .venv-19/bin/python benchmarks/chaos.py [--jobs 10 --seed 26]
 """
 
 from __future__ import annotations

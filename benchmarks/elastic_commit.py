@@ -12,7 +12,7 @@ model (ResNet-50's size) with SGD momentum:
 
 Results in benchmarks/results/elastic_commit-torch.json.
 
-    .venv-torch/bin/python benchmarks/elastic_commit.py [--reps 7]
+    .venv-19/bin/python benchmarks/elastic_commit.py [--reps 7]
 """
 
 from __future__ import annotations

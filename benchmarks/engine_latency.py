@@ -7,7 +7,7 @@ time of ``--calls`` back-to-back calls, in ms. Sizes: 4 bytes (one float), 64 by
 floats: a vector of metrics), 1 KiB (the largest the engine carries inside its round) and
 4 KiB (on the wire).
 
-    .venv-torch/bin/python benchmarks/engine_latency.py [--rounds 7 --calls 200]
+    .venv-19/bin/python benchmarks/engine_latency.py [--rounds 7 --calls 200]
 
 writes benchmarks/results/engine_latency-<stack>.json (``STACK=gpu``: ``-gpu.json``, with the
 compiled horovod). The engine's contenders run under torchrun; the compiled horovod's

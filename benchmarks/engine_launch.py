@@ -8,7 +8,7 @@ environment) and returns, from rank 0, how long its import and its ``init()`` to
 Reported per launcher: the median wall of the call (call -> rank 0's value back), and of the
 import and ``init()`` inside it.
 
-    .venv-torch/bin/python benchmarks/engine_launch.py [--reps 5]
+    .venv-19/bin/python benchmarks/engine_launch.py [--reps 5]
 
 writes benchmarks/results/engine_launch-torch.json.
 """

@@ -25,7 +25,7 @@ bare loops: their ``for`` over the loader), the boundary (epoch wall minus step 
 first epoch, and the launch's phases: call -> the function's first line, first line ->
 first step (the function's own set-up), last epoch -> return, return -> the caller has it.
 
-    .venv-torch/bin/python benchmarks/epoch_wall.py [--reps 3 --epochs 8] [--out FILE]
+    .venv-19/bin/python benchmarks/epoch_wall.py [--reps 3 --epochs 8] [--out FILE]
 """
 
 from __future__ import annotations

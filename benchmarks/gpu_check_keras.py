@@ -3,7 +3,7 @@ stack's interpreter): ``hvdrunner.keras.fit`` of gpu_check's MLP on the same syn
 on driver ranks; prints one JSON line: wall, rows/s over the whole fit, and the devices
 TensorFlow saw (its pip build sees GPUs only with its CUDA libraries installed).
 
-    .venv-modern/bin/python benchmarks/gpu_check_keras.py --ranks 1 --epochs 4
+    .venv-18/bin/python benchmarks/gpu_check_keras.py --ranks 1 --epochs 4
 """
 
 from __future__ import annotations

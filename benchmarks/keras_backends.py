@@ -15,7 +15,7 @@ epoch figure carries every per-epoch cost: metric averaging, logging, the feed's
 Each job runs in its own process; the contenders are interleaved, rotated per repetition,
 medians reported. Results in benchmarks/results/keras_backends.json.
 
-    .venv-torch/bin/python benchmarks/keras_backends.py [--rows 20000 --epochs 5 --reps 2]
+    .venv-19/bin/python benchmarks/keras_backends.py [--rows 20000 --epochs 5 --reps 2]
 """
 
 from __future__ import annotations
@@ -34,9 +34,9 @@ ROOT = Path(__file__).resolve().parents[1]
 BATCH = 64
 #: contender -> (venv, KERAS_BACKEND)
 CONTENDERS = {
-    "keras-torch": (".venv-torch", "torch"),
-    "keras-tf": (".venv-modern", "tensorflow"),
-    "torch-fit": (".venv-torch", None),
+    "keras-torch": (".venv-19", "torch"),
+    "keras-tf": (".venv-18", "tensorflow"),
+    "torch-fit": (".venv-19", None),
 }
 
 

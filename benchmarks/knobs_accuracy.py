@@ -6,7 +6,7 @@ per rank, Adam at 0.001 x ranks, 2 warmup epochs, the demo's MLP) on scikit-lear
 after the last epoch (every rank evaluates its equal share of the test rows; averaged).
 Results: ``benchmarks/results/knobs_accuracy-<stack>.json``.
 
-    .venv-modern/bin/python benchmarks/knobs_accuracy.py
+    .venv-18/bin/python benchmarks/knobs_accuracy.py
 """
 
 from __future__ import annotations

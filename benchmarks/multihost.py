@@ -15,7 +15,7 @@ rank, SGD, 1 TF thread per rank, median of the steady epochs):
 
 Needs root (network namespaces). Results: ``benchmarks/results/multihost-<stack>.json``.
 
-    .venv-modern/bin/python benchmarks/multihost.py [--rows 8192 --epochs 3]
+    .venv-18/bin/python benchmarks/multihost.py [--rows 8192 --epochs 3]
 """
 
 from __future__ import annotations

@@ -31,7 +31,7 @@ With ``--hosts 3`` (needs root) it also measures the allreduce of the MLP's grad
 on 2 and 3 network-namespace hosts (one core, one rank each) over 1 Gbit/s links, where the
 wire dominates, and checks the model's (n - 1) / n growth against it.
 
-    .venv-modern/bin/python benchmarks/ring_model.py [--hosts 3]
+    .venv-18/bin/python benchmarks/ring_model.py [--hosts 3]
 """
 
 from __future__ import annotations

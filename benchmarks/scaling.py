@@ -20,7 +20,7 @@ Per-step breakdown at np=2: compute = ``no_exchange`` step; gradient exchange = 
 step - compute; input = ``fit`` step - ``recipe`` step (what the feed adds on the critical
 path). Results: ``benchmarks/results/scaling-<stack>.json``.
 
-    .venv-modern/bin/python benchmarks/scaling.py [--rows 16384 --epochs 4]
+    .venv-18/bin/python benchmarks/scaling.py [--rows 16384 --epochs 4]
 """
 
 from __future__ import annotations

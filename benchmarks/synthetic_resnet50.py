@@ -40,7 +40,7 @@ has no attribute 'ref'``), which the results record from one run under Keras 3.
 Results: ``benchmarks/results/synthetic_resnet50-<stack>.json`` (torch on the torch stack, TF
 on modern).
 
-    .venv-torch/bin/python benchmarks/synthetic_resnet50.py [--reps 2]
+    .venv-19/bin/python benchmarks/synthetic_resnet50.py [--reps 2]
 """
 
 from __future__ import annotations

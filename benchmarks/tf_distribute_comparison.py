@@ -26,7 +26,7 @@ random W, 10 classes), ``--rows`` to train and 4,000 held out. Model: MLP 784-25
 the held-out accuracy of rank 0's / the chief's final weights, computed on the driver.
 Results in benchmarks/results/tf_distribute_comparison-modern.json.
 
-    .venv-modern/bin/python benchmarks/tf_distribute_comparison.py [--rows 40000 --epochs 4 --reps 3]
+    .venv-18/bin/python benchmarks/tf_distribute_comparison.py [--rows 40000 --epochs 4 --reps 3]
 """
 
 from __future__ import annotations

@@ -8,7 +8,7 @@ tensor of 1, 256 or 262,144 elements (4 B, 1 KiB, 1 MiB), 50 warm-up calls, then
 timed calls; the figure is the median over reps of rank 0's mean per call. Results in
 benchmarks/results/tf_engine_latency-modern.json.
 
-    .venv-modern/bin/python benchmarks/tf_engine_latency.py [--calls 500 --reps 3]
+    .venv-18/bin/python benchmarks/tf_engine_latency.py [--calls 500 --reps 3]
 """
 
 from __future__ import annotations

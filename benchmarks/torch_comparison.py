@@ -14,7 +14,7 @@ Data: N rows x 784 float32 features (synthetic, 10 classes), prepared once as Pa
 model an MLP 784-256-10, batch 64 per process, SGD. Results in
 benchmarks/results/torch_comparison-torch.json.
 
-    .venv-torch/bin/python benchmarks/torch_comparison.py [--rows 40000 --epochs 5 --reps 5]
+    .venv-19/bin/python benchmarks/torch_comparison.py [--rows 40000 --epochs 5 --reps 5]
 """
 
 from __future__ import annotations

@@ -6,7 +6,7 @@
 #      refuses two ranks on one GPU, so one GPU means one rank), NCCL allreduce on GPU tensors
 #      (checked, then timed: bus bandwidth) and a timed hvdrunner.torch.fit on the GPUs, each
 #      on hvdrunner's engine (torch.distributed) and on the compiled horovod.torch; and a
-#      timed hvdrunner.keras.fit where the modern stack is set up (TensorFlow's device is
+#      timed hvdrunner.keras.fit where the 18 replica is set up (TensorFlow's device is
 #      reported: TF's pip build sees GPUs only with its CUDA libraries installed).
 # Figures are printed and written to benchmarks/results/gpu_check.json.
 # Without a GPU it stops at once (exit 2) and says what tests the GPU wheel here instead.
@@ -20,5 +20,5 @@ fi
 nvidia-smi -L
 make env STACK=gpu
 args=(--device cuda --out benchmarks/results/gpu_check.json)
-[ ! -x .venv-modern/bin/python ] || args+=(--keras-python .venv-modern/bin/python)
+[ ! -x .venv-18/bin/python ] || args+=(--keras-python .venv-18/bin/python)
 timeout 540 .venv-gpu/bin/python benchmarks/gpu_check.py "${args[@]}" "$@"

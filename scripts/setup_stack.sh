@@ -1,35 +1,42 @@
 #!/usr/bin/env bash
-# Brings one stack's venv up to its pins:  STACK=modern|15.4|torch|gpu bash scripts/setup_stack.sh
+# Brings one stack's venv up to its pins:  STACK=15.4|16.4|17.3|18|19|gpu bash scripts/setup_stack.sh
 # Idempotent: `make` calls it only when a requirements file or a script changed, and each
 # stage below checks before it works.
 #
-#   15.4    a replica of Databricks Runtime 15.4 LTS ML, from Databricks' own package list
-#           (requirements/15.4/runtime.txt): Python 3.11, TF 2.16.1 (Keras 3.2.1, tf-keras
-#           2.16.0), torch 2.3.1, pyspark 3.5.0 without package metadata (as on a cluster),
-#           pyarrow 14, petastorm 0.12.1, mlflow-skinny 2.13.1, horovod 0.28.1 for TensorFlow
-#   modern  Python 3.12, TF 2.21 (Keras 3) + tf_keras, pyspark 4.1, pyarrow < 23, no petastorm
-#   torch   Python 3.11, torch 2.13 (CPU), pyspark 4.1, pyarrow < 23, no TensorFlow and no
-#           horovod: PyTorch runs on hvdrunner's engine (torch.distributed), nothing compiled
-#   gpu     Python 3.11, torch 2.14 (CUDA 13.0) + the registry's nvcc, horovod with CUDA + NCCL
-#           (built here with no GPU; the tests run its CPU paths), the torch stack's pins: the
-#           stack that keeps a compiled horovod.torch (unchanged-import and parity tests)
+# A runtime replica (STACK=15.4, 18, 19: a folder requirements/<runtime>/ with runtime.txt)
+# installs every stage under Databricks' own pins for that runtime (scripts/runtime_pins.py),
+# with its Python, and ends as a cluster does: pyspark importable without package metadata.
+#   15.4    15.4 LTS ML: Python 3.11, TF 2.16.1 (Keras 3.2.1, tf-keras 2.16.0), torch 2.3.1,
+#           pyspark 3.5.0, pyarrow 14, petastorm 0.12.1, mlflow-skinny 2.13.1, horovod 0.28.1
+#           built for TensorFlow (the runtime ships one)
+#   18      18 LTS ML (the default): Python 3.12, TF 2.20 (Keras 3.12, tf-keras 2.20.1), torch
+#           2.9.0, pyspark 4.1.0, pyarrow 21, mlflow 3.8.1; nothing compiled (make test adds
+#           the compiled horovod for TensorFlow, the engine's parity reference)
+#   19      19 ML: Python 3.12, torch 2.12.0, pyspark 4.2.0, mlflow 3.12.0, no TensorFlow and
+#           no horovod (Keras 3.15 added, as a user would, for Keras on PyTorch)
+#   16.4    16.4 LTS ML (TF 2.17, Keras 3.9, torch 2.6, Spark 3.5.2, MLflow 2.21.3) and 17.3 LTS
+#   17.3    ML (TF 2.19, Keras 3.5, torch 2.7, Spark 4.0.0, MLflow 3.0.1): CI's smoke replicas
+#   gpu     no replica: Python 3.11, torch 2.14 (CUDA 13.0) + the registry's nvcc, horovod with
+#           CUDA + NCCL (built here with no GPU; the tests run its CPU paths): the stack that
+#           keeps a compiled horovod.torch (unchanged-import and parity tests)
 #
 # Order matters: 1. the framework (requirements/<stack>/framework.txt); 2. horovod from source
-# against it (scripts/install_horovod.sh; not on torch); 3. Spark, Arrow, MLflow, dev tools and hvdrunner
-# itself (editable). Any missing piece (the framework's or gloo support in horovod,
-# `pip check`) fails loudly.
+# against it (scripts/install_horovod.sh; only where the runtime ships one, and on gpu); 3. Spark,
+# Arrow, MLflow, dev tools and hvdrunner itself (editable). Any missing piece (the framework's
+# or gloo support in horovod, `pip check`) fails loudly.
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
-STACK="${STACK:-modern}"
+STACK="${STACK:-18}"
 REPLICA=  # a runtime replica: its pins come from requirements/<runtime>/runtime.txt
-case "$STACK" in
-  15.4) PYVER=3.11; REPLICA=1 ;;
-  modern) PYVER=3.12 ;;
-  torch) PYVER=3.11 ;;  # on 3.11 pip takes torch's CPU wheel from disk; elsewhere a CUDA build
-  gpu) PYVER=3.11 ;;    # on 3.11 pip takes torch 2.14.1's CUDA wheel and its nvidia-* from disk
-  *) printf 'ERROR: STACK must be 15.4, modern, torch or gpu (got %s)\n' "$STACK" >&2; exit 2 ;;
-esac
+if [ "$STACK" = gpu ]; then
+  PYVER=3.11  # on 3.11 pip takes torch 2.14.1's CUDA wheel and its nvidia-* from disk
+elif [ -f "$ROOT/requirements/$STACK/runtime.txt" ] && [ -f "$ROOT/requirements/$STACK/framework.txt" ]; then
+  REPLICA=1
+  PYVER="$(sed -n 's/^# python \([0-9.]*\)$/\1/p' "$ROOT/requirements/$STACK/runtime.txt")"
+else
+  printf 'ERROR: STACK must be a runtime replica (15.4, 16.4, 17.3, 18, 19) or gpu (got %s)\n' "$STACK" >&2; exit 2
+fi
 VENV="${VENV:-$ROOT/.venv-$STACK}"
 REQ="$ROOT/requirements/$STACK"
 
@@ -71,26 +78,22 @@ fi
 say "stage 1/3: the framework ($REQ/framework.txt)"
 "${PIP[@]}" install -q -r "$REQ/framework.txt" "${PINS[@]}"
 
-GPU=none
-[ "$STACK" != gpu ] || GPU=nccl
-if [ "$STACK" = torch ]; then
-  # What a PyTorch user installs: hvdrunner alone. A horovod left from an older set-up goes,
-  # so this stack's tests prove that nothing compiled is needed.
-  say "stage 2/3: no horovod (PyTorch runs on hvdrunner's engine over torch.distributed)"
-  "${PIP[@]}" uninstall -q -y horovod 2>/dev/null || true
-elif [ "$STACK" = modern ]; then
-  # TensorFlow and PyTorch run on hvdrunner's engine: nothing compiled. `make test` adds the
-  # compiled horovod for TensorFlow (the parity reference, HVDRUNNER_ENGINE=horovod).
-  say "stage 2/3: no horovod to build (TensorFlow and PyTorch run on hvdrunner's engine)"
-elif [ -n "$REPLICA" ]; then
+if [ -n "$REPLICA" ] && grep -q '^horovod==' "$ROOT/requirements/$STACK/runtime.txt"; then
   # The runtime ships horovod 0.28.1; hvdrunner's engine runs TensorFlow and PyTorch there
-  # unless HVDRUNNER_ENGINE=horovod. Built for TensorFlow, as the lts stack's was.
+  # unless HVDRUNNER_ENGINE=horovod. Built for TensorFlow, as the runtime's is.
   say "stage 2/3: horovod from source for TensorFlow (the runtime ships one; the engine is the default)"
   PIP_CONSTRAINT="$VENV/replica-constraints.txt" PYTHON="$PY" \
     HVDRUNNER_HOROVOD_FRAMEWORKS=tensorflow bash "$ROOT/scripts/install_horovod.sh"
+elif [ -n "$REPLICA" ]; then
+  # What a user installs on this runtime: hvdrunner alone. TensorFlow and PyTorch run on
+  # hvdrunner's engine; a horovod left from an older set-up goes, so the tests prove that
+  # nothing compiled is needed (`make test` on 18 adds it back: the parity reference).
+  say "stage 2/3: no horovod (the runtime ships none; hvdrunner's engine over torch.distributed)"
+  "${PIP[@]}" uninstall -q -y horovod 2>/dev/null || true
+  rm -f "$VENV/.hvdrunner-horovod-stamp"
 else
-  say "stage 2/3: horovod from source (the framework + gloo, no MPI; GPU operations: $GPU)"
-  PYTHON="$PY" HVDRUNNER_HOROVOD_GPU="$GPU" bash "$ROOT/scripts/install_horovod.sh"
+  say "stage 2/3: horovod from source (torch + gloo, no MPI; GPU operations: NCCL)"
+  PYTHON="$PY" HVDRUNNER_HOROVOD_GPU=nccl bash "$ROOT/scripts/install_horovod.sh"
 fi
 
 say "stage 3/3: Spark, Arrow, MLflow, dev tools, hvdrunner ($REQ/stack.txt)"

@@ -44,20 +44,24 @@ def _installed(dist: str) -> bool:
 
 #: Where each test runs (CI runs `make test` on every stack; docs/testing.md). A test runs
 #: where it adds information:
-#: - ``torch``-marked: the stacks with torch (the torch stack);
+#: - ``torch``-marked: the newest runtime's replica, 19 (torch 2.12, no TensorFlow);
 #: - ``keras``-marked (Keras and TensorFlow behaviour): every TensorFlow stack (15.4: Keras
-#:   3.2, the oldest Keras 3 a runtime ships; modern: Keras 3.15); those also marked ``keras_mode`` (a code path that differs by Keras
-#:   mode: Horovod's Keras layer and the guard, model saving, checkpoint files, the
-#:   optimizer wrapper) again in tf_keras mode (`make test-tf-keras`); those also marked
-#:   ``keras_torch`` (a path that differs by Keras backend: the collectives, the optimizer
-#:   wrapper, fit's feed, checkpoints, the logged model) on the torch stack too, where Keras
-#:   3 runs on PyTorch without TensorFlow (KERAS_BACKEND=torch, set below);
+#:   3.2, the oldest Keras 3 a runtime ships; 18: Keras 3.12); those also marked
+#:   ``keras_mode`` (a code path that differs by Keras mode: Horovod's Keras layer and the
+#:   guard, model saving, checkpoint files, the optimizer wrapper) again in tf_keras mode
+#:   (`make test-tf-keras`); those also marked ``keras_torch`` (a path that differs by Keras
+#:   backend: the collectives, the optimizer wrapper, fit's feed, checkpoints, the logged
+#:   model) on 19 too, where Keras 3 runs on PyTorch without TensorFlow (KERAS_BACKEND=torch,
+#:   set below);
 #: - ``tf_engine``-marked (TensorFlow on hvdrunner's engine, and the compiled horovod beside
-#:   it): the modern stack, which has TensorFlow, torch and a compiled horovod;
-#: - ``stacks("torch", "gpu")`` on a ``torch`` test: also on the gpu stack, whose horovod is
+#:   it): 18, which has TensorFlow, torch and (under `make test`) a compiled horovod;
+#: - ``stacks("19", "gpu")`` on a ``torch`` test: also on the gpu stack, whose horovod is
 #:   the CUDA + NCCL build - its CPU paths must give what the CPU build gives;
+#: - ``stacks("15.4", "16.4", "17.3", "18", "19")``: every replica. 16.4 and 17.3 run only
+#:   such tests (a runtime's smoke test: the replica's packages, the doctor, 2-rank Keras
+#:   and PyTorch jobs with MLflow); the whole suite runs on the oldest and newest replicas;
 #: - ``stacks("15.4", ...)``: the stacks named - a test about what differs between them
-#:   (Spark 3.5 vs 4.1, pyarrow 14 vs 22, MLflow 2.13 vs 3.8, real petastorm, the stack's
+#:   (Spark 3.5 vs 4.x, pyarrow 14 vs 21, MLflow 2.13 vs 3.x, real petastorm, the stack's
 #:   own horovod build), or one half of a module split between them (the two-host cluster's name modes);
 #: - anything else is framework-independent (the launcher, notebooks, the bundle, faults):
 #:   it runs once, on HOME_STACK, the default stack.
@@ -67,9 +71,9 @@ KERAS_ON_TORCH = _keras_on_torch()
 if KERAS_ON_TORCH:
     os.environ.setdefault("KERAS_BACKEND", "torch")
 
-HOME_STACK = "modern"
-STACKS = ("15.4", "modern", "torch", "gpu")
-TF_STACKS = ("15.4", "modern")
+HOME_STACK = "18"
+STACKS = ("15.4", "16.4", "17.3", "18", "19", "gpu")
+TF_STACKS = ("15.4", "18")
 
 
 def selected_stack() -> str | None:
@@ -89,12 +93,12 @@ def stacks_of(item: pytest.Item) -> tuple[str, ...]:
             raise pytest.UsageError(f"{item.nodeid}: stacks{named.args} names no stack of {STACKS}")
         return tuple(named.args)
     if item.get_closest_marker("torch") is not None:
-        return ("torch",)
+        return ("19",)
     if item.get_closest_marker("tf_engine") is not None:
-        return ("modern",)
+        return ("18",)
     if item.get_closest_marker("keras") is not None:
         on_torch = item.get_closest_marker("keras_torch") is not None
-        return (*TF_STACKS, "torch") if on_torch else TF_STACKS
+        return (*TF_STACKS, "19") if on_torch else TF_STACKS
     return (HOME_STACK,)
 
 
@@ -112,7 +116,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     """Select by the stack's framework, decided by what is *installed*, never by an import,
     then (under `make test`) by where each test adds information (``stacks_of``).
 
-    The torch stack (no TensorFlow) runs the tests marked ``torch`` and nothing else; the
+    A stack without TensorFlow (19) runs the tests marked ``torch`` and nothing else; the
     TensorFlow stacks (no torch) run everything else. A venv with both runs everything. A
     framework that is installed but broken is selected and so fails - it never skips.
     """
@@ -135,6 +139,43 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     if drop:
         config.hook.pytest_deselected(items=drop)
         items[:] = keep
+
+
+#: Where a stage records what its tests did, for the support matrix (scripts/support_matrix.py;
+#: `.ci/run` sets it): one file per stage, each test id's outcome.
+RESULTS_ENV = "HVDRUNNER_RESULTS_DIR"
+_outcomes: dict[str, str] = {}
+
+
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    """A test's outcome: failed if any phase failed, else skipped or passed by its call."""
+    if _outcomes.get(report.nodeid) == "failed":
+        return
+    if report.failed:
+        _outcomes[report.nodeid] = "failed"
+    elif report.skipped:
+        _outcomes[report.nodeid] = "skipped"
+    elif report.when == "call":
+        _outcomes[report.nodeid] = "passed"
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    """Under `make test` with ``HVDRUNNER_RESULTS_DIR`` set: write this stage's results."""
+    folder, stack = os.environ.get(RESULTS_ENV), selected_stack()
+    if not folder or stack is None or not _outcomes:
+        return
+    import json
+
+    from hvdrunner import _versions
+
+    mode = "-tf_keras" if os.environ.get("TF_USE_LEGACY_KERAS") == "1" else ""
+    backend = os.environ.get("KERAS_BACKEND", "tensorflow") if _installed("keras") else None
+    versions = {d: _versions.version(d) for d in ("tensorflow", "keras", "torch", "pyspark",
+                                                   "mlflow-skinny")}  # fmt: skip
+    stage = {"stack": stack, "mode": mode.strip("-") or None, "keras_backend": backend,
+             "versions": versions, "outcomes": _outcomes}  # fmt: skip
+    Path(folder).mkdir(parents=True, exist_ok=True)
+    (Path(folder) / f"{stack}{mode}.json").write_text(json.dumps(stage, indent=1) + "\n")
 
 
 def pytest_report_header(config: pytest.Config) -> str:

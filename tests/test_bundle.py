@@ -201,7 +201,9 @@ def test_the_keras_job_and_the_wheel_build_get_tensorflow_where_the_runtime_lack
         assert [lib for lib in keras if "pypi" in lib] == expected
         assert build == expected  # horovod is compiled against the TF the Keras job runs
         assert not [lib for lib in torch if "pypi" in lib]
-    assert tf.startswith("tensorflow[and-cuda]==")
+    # The TensorFlow 18 LTS ML ships (the 18 replica's): pip installs nothing over the runtime.
+    shipped = (ROOT / "requirements" / "18" / "runtime.txt").read_text()
+    assert f"\n{tf}\n" in f"\n{shipped}", f"{tf} is not the TensorFlow 18 LTS ML ships"
 
 
 @pytest.mark.parametrize("name", TARGETS)

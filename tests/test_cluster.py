@@ -16,7 +16,7 @@ import pytest
 
 HELPER = Path(__file__).parent / "helpers" / "cluster_job.py"
 # Spark's GPU scheduling (task resources) on Spark 3.5 - DBR 15.4 LTS ML GPU - and 4.1.
-pytestmark = pytest.mark.stacks("15.4", "modern")
+pytestmark = pytest.mark.stacks("15.4", "18")
 
 
 @pytest.fixture(scope="module")

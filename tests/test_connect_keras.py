@@ -1,4 +1,4 @@
-"""Keras on TensorFlow from a Spark Connect session (the modern stack, which mirrors 18 LTS ML
+"""Keras on TensorFlow from a Spark Connect session (18, which mirrors 18 LTS ML
 and has its Connect client): the session a notebook holds on standard access mode or
 Databricks Connect. A real Connect server (its own JVM, local[2]) and two real ranks over
 gloo running ``hvdrunner.keras.fit`` with the compiled horovod; the test process talks to
@@ -15,7 +15,7 @@ from helpers import digits as digit_data
 from helpers.connect_server import connect_session
 from hvdrunner import HorovodRunner, workspace
 
-pytestmark = [pytest.mark.keras, pytest.mark.stacks("modern")]
+pytestmark = [pytest.mark.keras, pytest.mark.stacks("18")]
 
 
 @pytest.fixture(scope="module")

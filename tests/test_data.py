@@ -14,8 +14,8 @@ from hvdrunner.data import prepare
 from hvdrunner.data.prepare import _check_location
 
 # Spark writes the shards, pyarrow reads them: both differ between the TF stacks
-# (Spark 3.5 + pyarrow 14 on lts, Spark 4.1 + pyarrow 22 on modern; tests/conftest.py).
-pytestmark = pytest.mark.stacks("15.4", "modern")
+# (Spark 3.5 + pyarrow 14 on lts, Spark 4.1 + pyarrow 22 on 18; tests/conftest.py).
+pytestmark = pytest.mark.stacks("15.4", "18")
 
 
 def _numbered(spark, n: int, width: int = 3):

@@ -15,7 +15,7 @@ from hvdrunner.data.reader import CorruptDataError
 
 # Freshness and integrity read Spark's and pyarrow's metadata, which differ between the TF
 # stacks (tests/conftest.py).
-pytestmark = pytest.mark.stacks("15.4", "modern")
+pytestmark = pytest.mark.stacks("15.4", "18")
 
 
 def _write_source(spark, path, n: int, mode: str = "overwrite", start: int = 0) -> None:

@@ -17,8 +17,8 @@ import pytest
 
 from hvdrunner.data import TransformSpec, prepare
 
-# Spark 3.5 + pyarrow 14 (lts) and Spark 4.1 + pyarrow 22 (modern) write and read these.
-pytestmark = pytest.mark.stacks("15.4", "modern")
+# Spark 3.5 + pyarrow 14 (lts) and Spark 4.1 + pyarrow 22 (18) write and read these.
+pytestmark = pytest.mark.stacks("15.4", "18")
 
 
 def jpeg(value: int, size: int = 8) -> bytes:
@@ -226,7 +226,7 @@ def test_the_drop_in_gives_small_shards_and_finite_passes_as_petastorm_does(spar
 
 
 @pytest.mark.torch
-@pytest.mark.stacks("torch")
+@pytest.mark.stacks("19")
 def test_the_drop_ins_torch_loader_types_as_petastorm(spark, tmp_path):
     from hvdrunner.petastorm.spark import SparkDatasetConverter, make_spark_converter
 

@@ -247,9 +247,9 @@ def _mlflow_keys() -> set[str]:
     return keys
 
 
-# On the TensorFlow stack and the torch stack: each name is checked where its framework is.
+# On the TensorFlow stack and 19: each name is checked where its framework is.
 @pytest.mark.keras_torch
-@pytest.mark.stacks("modern", "torch")
+@pytest.mark.stacks("18", "19")
 @pytest.mark.parametrize("page", PAGES, ids=lambda p: p.name)
 def test_every_hvdrunner_name_the_docs_give_exists(page):
     text = page.read_text()
@@ -393,7 +393,7 @@ def _table_column(stage: str) -> dict[str, int]:
 # Each stage checks its own column (tf_keras mode: the keras_mode tests of `make test-tf-keras`).
 @pytest.mark.keras_torch
 @pytest.mark.keras_mode
-@pytest.mark.stacks("modern", "15.4", "torch", "gpu")
+@pytest.mark.stacks("18", "15.4", "19", "gpu", "16.4", "17.3")
 def test_testing_md_counts_the_tests_this_stage_runs():
     from conftest import selected_stack
 

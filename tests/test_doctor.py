@@ -56,7 +56,7 @@ def doctor_here() -> subprocess.CompletedProcess[str]:
     )
 
 
-@pytest.mark.stacks("15.4", "modern")  # the doctor checks the installed stack
+@pytest.mark.stacks("15.4", "18")  # the doctor checks the installed stack
 def test_doctor_passes_on_this_environment(doctor_here):
     proc = doctor_here
     assert proc.returncode == 0, proc.stdout + proc.stderr
@@ -106,7 +106,7 @@ GOOD_TORCH_STACK = {"tensorflow": None, "torch": "2.13.0+cpu", "numpy": "2.4.6",
 
 
 def test_the_torch_stack_needs_no_tensorflow_and_horovods_torch_extension_only_to_use_it():
-    # TensorFlow absent is information on the torch stack; horovod's torch extension is not.
+    # TensorFlow absent is information on 19; horovod's torch extension is not.
     assert not _failed(evaluate_build(GOOD_TORCH_BUILD))
     assert not _failed(evaluate_stack(GOOD_TORCH_STACK, env={}))
     # horovod's torch extension is required only where PyTorch is to run on it
@@ -132,9 +132,9 @@ def test_the_torch_stack_needs_no_tensorflow_and_horovods_torch_extension_only_t
     assert not _failed(evaluate_build(both))
     asked = _failed(evaluate_build(both, env={"HVDRUNNER_ENGINE": "horovod"}))
     assert [c.name for c in asked] == ["horovod built with TensorFlow"]
-    # Neither framework: the stack fails naming TensorFlow (and the torch stack).
+    # Neither framework: the stack fails naming TensorFlow (and 19).
     none = _failed(evaluate_stack(GOOD_TORCH_STACK | {"torch": None}, env={}))
-    assert [c.name for c in none] == ["tensorflow"] and "STACK=torch" in none[0].fix
+    assert [c.name for c in none] == ["tensorflow"] and "STACK=19" in none[0].fix
 
 
 def test_keras_3_without_tensorflow_needs_the_torch_backend():

@@ -70,7 +70,7 @@ def elastic_recipe(marks: str, die_at: tuple[int, int] | None, engine: str, epoc
 
 @pytest.mark.timeout(300)
 @pytest.mark.parametrize("engine", [
-    "hvdrunner.hvd_torch",  # the torch stack: hvdrunner's engine
+    "hvdrunner.hvd_torch",  # 19: hvdrunner's engine
     pytest.param("horovod.torch", marks=pytest.mark.stacks("gpu"))])  # the compiled horovod  # fmt: skip
 def test_elastic_code_resumes_from_its_last_commit_after_a_killed_rank(tmp_path, engine):
     (tmp_path / "undisturbed").mkdir()

@@ -51,7 +51,7 @@ def test_the_hostile_battery(tmp_path):
 def test_horovods_and_torchs_environments_must_agree(env, words):
     """One rule: where both name a place they must agree (a leftover HOROVOD_RANK hung
     both ranks in init(); a leftover HOROVOD_LOCAL_RANK won over LOCAL_RANK in silence)."""
-    from hvdrunner.engine.world import World  # torch: on the torch stack only
+    from hvdrunner.engine.world import World  # torch: on 19 only
 
     env = dict(env, MASTER_ADDR="127.0.0.1", MASTER_PORT="1")
     with pytest.raises(ValueError) as info:
@@ -60,7 +60,7 @@ def test_horovods_and_torchs_environments_must_agree(env, words):
 
 
 def test_either_environment_alone_or_both_alike_is_the_job():
-    from hvdrunner.engine.world import World  # torch: on the torch stack only
+    from hvdrunner.engine.world import World  # torch: on 19 only
 
     both = {"HOROVOD_RANK": "1", "HOROVOD_SIZE": "2", "RANK": "1", "WORLD_SIZE": "2",
             "LOCAL_RANK": "1", "MASTER_ADDR": "h", "MASTER_PORT": "1"}  # fmt: skip
@@ -117,7 +117,7 @@ def test_a_job_that_ends_without_shutdown_exits_cleanly_every_time(tmp_path, lau
 SHUTDOWN_CYCLES = 30
 
 
-@pytest.mark.stacks("torch", "15.4")  # 15.4: torch 2.3.1, whose process groups deadlocked
+@pytest.mark.stacks("19", "15.4")  # 15.4: torch 2.3.1, whose process groups deadlocked
 def test_a_rank_leaves_the_engine_many_times_without_a_deadlock():
     """hvd.shutdown() right after a collective: the last round's tensors outlive the process
     group, so torch < 2.8 (whose group destructor holds the GIL, pytorch#154976) never waits

@@ -1,7 +1,7 @@
 """Horovod's TensorFlow API on hvdrunner's engine (hvdrunner.hvd_tensorflow,
 hvdrunner.engine.tf): nothing compiled. Real ranks over gloo under torchrun with horovod
 unimportable, and Keras' ``fit`` under HorovodRunner on the engine beside the same job on the
-compiled horovod (the parity reference; the modern stack has both). CPU only: the GPU path
+compiled horovod (the parity reference; 18 has both). CPU only: the GPU path
 (DLPack of CUDA tensors, NCCL) is not run here."""
 
 from __future__ import annotations

@@ -165,7 +165,7 @@ RANK_FAILURE_BOUND_S = 10.0
      ("segfault", "SIGSEGV"), ("sigkill", "SIGKILL")],
     ids=["raise", "exit-3", "segfault", "sigkill"],
 )  # fmt: skip
-@pytest.mark.stacks("15.4", "modern")  # Spark 3.5 and 4.1 cancel the barrier job
+@pytest.mark.stacks("15.4", "18")  # Spark 3.5 and 4.1 cancel the barrier job
 def test_every_way_a_rank_fails_ends_the_spark_job_within_the_bound(spark, request, tmp_path,
                                                                     how, says):  # fmt: skip
     stamp = tmp_path / "failed-at"

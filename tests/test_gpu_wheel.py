@@ -4,7 +4,7 @@ in its cache key), and that its CPU paths give what hvdrunner's engine gives on 
 torch - a GPU wheel whose CPU paths were broken, or an engine whose arithmetic differs from
 Horovod's, would fail here. The GPU paths themselves (NCCL on GPU tensors, pinning
 on real GPUs) need a GPU: ``make gpu-check`` (scripts/gpu_check.sh); its CPU mode runs here.
-The torch tests marked ``stacks("torch", "gpu")`` run on both stacks (docs/testing.md); those
+The torch tests marked ``stacks("19", "gpu")`` run on both stacks (docs/testing.md); those
 about the compiled ``horovod.torch`` run here only, the one stack that keeps it."""
 
 from __future__ import annotations

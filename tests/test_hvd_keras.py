@@ -1,13 +1,13 @@
 """hvdrunner's own Horovod Keras layer on real gloo ranks, on whichever Keras this stack has.
 
-- The standard Horovod Keras recipe: unchanged on Keras 2 (lts, and tf_keras mode on modern),
+- The standard Horovod Keras recipe: unchanged on Keras 2 (lts, and tf_keras mode on 18),
   with the one-line import change (`hvdrunner.hvd_keras`) on Keras 3. Ranks end with
   identical weights that differ from the initial ones.
 - Exact data-parallel equivalence of `hvd_keras.DistributedOptimizer`: np=2 x batch b equals
   np=1 x batch 2b (plain SGD, no shuffle) to 1e-5.
 - No silent divergence: under Keras 3 `import horovod.tensorflow.keras` in a rank fails fast
   naming the fix; the weight-sync check fails a job whose ranks drifted apart.
-- The tests marked ``keras_torch`` run again on the torch stack, where Keras 3 trains on
+- The tests marked ``keras_torch`` run again on 19, where Keras 3 trains on
   PyTorch (``horovod.torch``) and TensorFlow is not installed: the same recipes, asserts and
   tolerances. Their rank code reaches the framework through ``hvdrunner.keras.backend``.
 """
@@ -434,7 +434,7 @@ def test_the_collectives_answer_what_horovod_answers(module):
     everyone, initialized_after_shutdown = HorovodRunner(np=-2).run(collective_names,
                                                                     hvd_module=module)  # fmt: skip
     # nccl_built() is NCCL's version where the transport has NCCL: the engine's where torch
-    # is a CUDA build (the modern stack's), the compiled CPU horovod's 0/False elsewhere
+    # is a CUDA build (18's), the compiled CPU horovod's 0/False elsewhere
     nccl = _engine_nccl() if module.startswith("hvdrunner.") else False
     for rank, answers in enumerate(everyone):
         for name, expected in (HOROVOD_ANSWERS | {"build": [True, False, nccl]}).items():

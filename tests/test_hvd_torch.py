@@ -54,7 +54,7 @@ def test_horovods_api_under_torchrun_without_horovod(tmp_path):
     assert time.monotonic() - started < 240
 
 
-@pytest.mark.stacks("torch", "15.4")  # 15.4: torch 2.3.1, where a lane step whose peer never
+@pytest.mark.stacks("19", "15.4")  # 15.4: torch 2.3.1, where a lane step whose peer never
 # came deadlocked hvd.shutdown() (engine/keepalive.py)
 def test_the_gradient_lane_gives_the_negotiated_paths_bits(tmp_path):
     """DistributedOptimizer's buckets on the gradient lane (no negotiation round a step):
@@ -214,7 +214,7 @@ def test_a_dead_peer_fails_the_others_fast(tmp_path, action):
     assert "peer" in line or "shut down" in line, line
 
 
-@pytest.mark.stacks("torch", "gpu")
+@pytest.mark.stacks("19", "gpu")
 def test_cuda_tensors_go_over_nccl_where_torch_has_it(monkeypatch):
     """No GPU here: only CUDA's presence is faked (it cannot exist on this machine); whether
     torch has NCCL is torch's own answer - yes on the gpu stack's CUDA build, no on the CPU

@@ -1,7 +1,7 @@
 """Databricks' image recipes (docs/petastorm.md, "Images: decoding on the ranks"), run as
 written on real Spark and Horovod ranks: a table of JPEG bytes read with Spark's
 ``binaryFile`` source (synthetic flowers, 5 classes), decoded on the ranks by a
-``TransformSpec``. Keras on modern, and on lts again with real petastorm to the same
+``TransformSpec``. Keras on 18, and on lts again with real petastorm to the same
 accuracy; PyTorch on torch, against the standard Horovod PyTorch recipe on the same images
 decoded in memory (no stack has both torch and petastorm)."""
 
@@ -53,7 +53,7 @@ def images(tmp_path_factory):
 
 
 @pytest.mark.keras
-@pytest.mark.stacks("modern")
+@pytest.mark.stacks("18")
 @pytest.mark.timeout(420)
 def test_the_keras_image_recipe_trains_with_the_drop_in_under_keras_3(spark, tmp_path, images):
     source = block("petastorm.md", "keras-images")

@@ -30,7 +30,7 @@ def test_cache_key_names_everything_the_binary_depends_on(tmp_path):
     import importlib.metadata as md
 
     env = {"PYTHON": sys.executable, "HVDRUNNER_WHEEL_CACHE": str(tmp_path)}
-    # what the stacks build: TensorFlow only (modern's torch runs on hvdrunner's engine)
+    # what the stacks build: TensorFlow only (18's torch runs on hvdrunner's engine)
     proc = _run(BUILDER, env | {"HVDRUNNER_HOROVOD_FRAMEWORKS": "tensorflow"}, "--print-key")
     assert proc.returncode == 0, proc.stderr
     key = proc.stdout.strip()

@@ -1,7 +1,7 @@
 """hvdrunner.keras.fit on real 2-rank jobs: accuracy, exact data-parallel equivalence,
 checkpoint resume after a SIGKILL, and the refusal of non-Keras models.
 
-Tests marked ``keras_torch`` run again on the torch stack, where Keras 3 trains on PyTorch
+Tests marked ``keras_torch`` run again on 19, where Keras 3 trains on PyTorch
 without TensorFlow; their rank code takes Keras from ``compat.keras_module()``."""
 
 from __future__ import annotations
@@ -41,6 +41,7 @@ def build_mlp():
 
 @pytest.mark.keras_mode  # the logged model's format differs by Keras mode
 @pytest.mark.keras_torch  # and by backend (mlflow.keras on PyTorch)
+@pytest.mark.stacks("15.4", "16.4", "17.3", "18", "19")  # every replica: a runtime's smoke test
 @pytest.mark.timeout(300)
 def test_two_rank_fit_reaches_accuracy_and_mlflow_agrees(digits, store):
     data, x_test, y_test = digits
@@ -385,7 +386,7 @@ def test_validation_metrics_and_early_stopping_agree_on_every_rank(spark, digits
         pytest.param("petastorm.spark", marks=pytest.mark.stacks("15.4")),
         pytest.param(
             "hvdrunner.petastorm.spark",
-            marks=[pytest.mark.stacks("modern", "torch"), pytest.mark.keras_torch],
+            marks=[pytest.mark.stacks("18", "19"), pytest.mark.keras_torch],
         ),
     ],
 )

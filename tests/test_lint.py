@@ -1,5 +1,5 @@
 """Style is part of the suite: ruff and mypy (configured in pyproject.toml) must be clean,
-on the TensorFlow stacks and, with torch's real types, on the torch stack."""
+on the TensorFlow stacks and, with torch's real types, on 19."""
 
 from __future__ import annotations
 

@@ -100,7 +100,7 @@ def _need_namespaces() -> None:
 #: run once for the Keras family; the loopback mode, where the gloo patch matters, on the
 #: default stack. A bare `pytest` (or `make test-all`) runs both here.
 MODES = [pytest.param("resolving", marks=pytest.mark.stacks("15.4")),
-         pytest.param("loopback", marks=pytest.mark.stacks("modern"))]  # fmt: skip
+         pytest.param("loopback", marks=pytest.mark.stacks("18"))]  # fmt: skip
 
 
 #: What each name mode runs. Names decide how Horovod's ranks find each other, so the
@@ -123,7 +123,7 @@ def job(request):
 
 @pytest.fixture(scope="module")
 def torch_job():
-    """The torch stack's scenarios, in the harder name mode (hostnames resolve to loopback,
+    """19's scenarios, in the harder name mode (hostnames resolve to loopback,
     where only the patched horovod works)."""
     _need_namespaces()
     results, cluster = _run_job("loopback", "torch_recipe", "torch_fit", "torch_restarts",
@@ -287,7 +287,7 @@ def test_the_cluster_leaves_nothing_behind_when_its_owner_is_stopped(sig):
 @pytest.mark.torch
 @pytest.mark.timeout(900)
 def test_standard_torch_recipe_keeps_four_ranks_on_two_hosts_in_sync(torch_job):
-    # on hvdrunner's engine (import hvdrunner.hvd_torch as hvd): the torch stack has no
+    # on hvdrunner's engine (import hvdrunner.hvd_torch as hvd): 19 has no
     # compiled horovod; Horovod's own core crosses these hosts in the TensorFlow scenarios
     out = value(torch_job, "torch_recipe")
     _, _, cluster = torch_job

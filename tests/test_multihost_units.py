@@ -44,7 +44,7 @@ def test_check_host_refuses_only_jobs_over_several_hosts(monkeypatch):
         multihost.check_host(num_hosts=2)
 
 
-@pytest.mark.stacks("15.4", "modern")  # each stack builds its own horovod
+@pytest.mark.stacks("15.4", "18")  # each stack builds its own horovod
 def test_this_stacks_horovod_carries_the_patch():
     # hvdrunner builds horovod with the patch on every stack (scripts/install_horovod.sh)
     assert multihost.horovod_has_iface_patch() is True

@@ -46,7 +46,7 @@ def test_there_are_five_notebooks():
 
 
 @pytest.mark.keras
-@pytest.mark.stacks("modern")
+@pytest.mark.stacks("18")
 @pytest.mark.timeout(600)
 def test_the_image_notebook_runs_end_to_end_on_generated_images(tmp_path):
     """04_images as the local runner runs it: JPEG files -> binaryFile table -> prepare ->
@@ -132,9 +132,9 @@ def test_jobs_load_with_databricks_bundles_and_match_the_notebooks(name, framewo
     [
         # Each Keras generation once: lts with the Petastorm-style feed (02's feed widget),
         # modern with prepare() (`make demo`). The PyTorch job and Keras 3 on PyTorch run as
-        # the bundle's jobs in tests/test_workspace.py (the torch stack).
+        # the bundle's jobs in tests/test_workspace.py (19).
         pytest.param("keras", "prepare", None,
-                     marks=[pytest.mark.keras, pytest.mark.stacks("modern")]),
+                     marks=[pytest.mark.keras, pytest.mark.stacks("18")]),
         pytest.param("keras", "petastorm", None,
                      marks=[pytest.mark.keras, pytest.mark.stacks("15.4")]),
     ],

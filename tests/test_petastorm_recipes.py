@@ -44,7 +44,7 @@ def run_recipe(source: str, spark, cache_url: str) -> float:
 
 
 @pytest.mark.keras
-@pytest.mark.stacks("modern")
+@pytest.mark.stacks("18")
 @pytest.mark.timeout(300)
 def test_the_keras_recipe_runs_with_one_changed_import_under_keras_3(spark, tmp_path):
     source = block("petastorm.md", "keras")

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import importlib.metadata as md
 import importlib.util
+import json
 import os
 import subprocess
 import sys
@@ -37,6 +38,14 @@ def _replica() -> str:
     if not (ROOT / "requirements" / stack / "runtime.txt").exists():
         pytest.skip(f"STACK={stack!r} is no runtime replica")
     return stack
+
+
+def _release(version: str) -> tuple[str, ...]:
+    """A version as pip compares a pin: ``1.67`` is ``1.67.0``."""
+    parts = version.split(".")
+    while len(parts) > 1 and parts[-1] == "0":
+        parts.pop()
+    return tuple(parts)
 
 
 def test_databricks_list_becomes_exact_pins_with_the_runtimes_spark(tmp_path):
@@ -72,7 +81,8 @@ def test_every_replica_names_its_runtimes_python_in_runtime_txt():
             assert "databricks/environments" in text.splitlines()[0], folder
 
 
-@pytest.mark.stacks("15.4")
+@pytest.mark.torch  # every replica ships torch: these run on 19, which has no TensorFlow, too
+@pytest.mark.stacks("15.4", "16.4", "17.3", "18", "19")
 def test_the_replica_has_what_the_runtime_ships_and_no_more_differences():
     """Every package of the runtime's list that is installed here is at the runtime's version
     (or its recorded difference); the ones hvdrunner's paths need are installed."""
@@ -86,14 +96,16 @@ def test_the_replica_has_what_the_runtime_ships_and_no_more_differences():
             found = md.version(name)
         except md.PackageNotFoundError:
             found = None
-        if found is not None and found != version:
+        if found is not None and _release(found) != _release(version):
             wrong[name] = found
     assert not wrong, f"installed, against {stack}'s pins {expected}: {wrong}"
     for needed in ("tensorflow", "keras", "torch", "numpy", "pandas", "pyarrow", "mlflow-skinny"):
-        assert md.version(needed) == expected[needed]
+        if needed in expected:  # 19 ships no TensorFlow and no Keras
+            assert _release(md.version(needed)) == _release(expected[needed])
 
 
-@pytest.mark.stacks("15.4")
+@pytest.mark.torch  # every replica ships torch: these run on 19, which has no TensorFlow, too
+@pytest.mark.stacks("15.4", "16.4", "17.3", "18", "19")
 def test_pyspark_is_importable_without_package_metadata_as_on_a_cluster():
     stack = _replica()
     with pytest.raises(md.PackageNotFoundError):
@@ -108,8 +120,11 @@ def test_pyspark_is_importable_without_package_metadata_as_on_a_cluster():
 
 @pytest.mark.parametrize(("version", "supported", "words"), [
     ("15.4", True, "CI runs a replica"),
-    ("18.1", True, "near it (STACK=modern"),
-    ("16.4", None, "no replica of it runs in hvdrunner's CI yet"),
+    ("18.1", True, "CI runs a replica of its packages (STACK=18)"),
+    ("19.0", True, "(STACK=19)"),
+    ("16.4", True, "(STACK=16.4), its doctor and 2-rank Keras and PyTorch jobs"),
+    ("17.3", True, "(STACK=17.3)"),
+    ("20.1", None, "no replica of it runs in hvdrunner's CI yet"),
     ("14.3", False, "before 15.4 LTS"),
     ("client.1.13", None, "not a version hvdrunner can read"),
 ])  # fmt: skip
@@ -130,3 +145,57 @@ def test_the_runtimes_said_to_be_replicated_are_the_replicas_ci_builds():
     assert said == built
     ci = (ROOT / ".ci" / "run").read_text()
     assert all(f"make test STACK={name}" in ci for name in built)
+
+
+def _matrix_module():
+    spec = importlib.util.spec_from_file_location(
+        "support_matrix", ROOT / "scripts" / "support_matrix.py"
+    )
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["support_matrix"] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+matrix = _matrix_module()
+KERAS_FIT = "tests/test_keras_fit.py::test_two_rank_fit_reaches_accuracy_and_mlflow_agrees"
+
+
+def test_a_stage_records_its_outcomes_and_the_matrix_reads_them(tmp_path):
+    """A real `make test`-style stage writes its results file (tests/conftest.py); record()
+    makes a cell of each path from the stages of its runtime, by the stage's Keras backend."""
+    env = {**os.environ, "STACK": "18", "HVDRUNNER_RESULTS_DIR": str(tmp_path)}
+    test = "tests/test_replica.py::test_every_replica_names_its_runtimes_python_in_runtime_txt"
+    subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", test],
+                   cwd=ROOT, env=env, check=True, capture_output=True, timeout=300)  # fmt: skip
+    written = json.loads((tmp_path / "18.json").read_text())
+    assert written["stack"] == "18" and written["outcomes"] == {test: "passed"}
+
+    def stage(stack, backend, outcomes):
+        return {"stack": stack, "keras_backend": backend, "outcomes": outcomes}
+
+    for runtime in matrix.RUNTIMES:
+        backend = "torch" if runtime == "19" else "tensorflow"
+        outcome = "failed" if runtime == "17.3" else "passed"
+        (tmp_path / f"{runtime}.json").write_text(json.dumps(stage(runtime, backend, {
+            KERAS_FIT + "[x]": outcome, "tests/test_connect.py::test_a": "skipped"})))  # fmt: skip
+    cells = matrix.record(tmp_path, "abc")["cells"]
+    assert cells["18"]["Keras on TensorFlow"] == "pass" and cells["18"]["Keras on PyTorch"] == ""
+    assert cells["19"]["Keras on PyTorch"] == "pass" and cells["19"]["Keras on TensorFlow"] == ""
+    assert cells["17.3"]["Keras on TensorFlow"] == "FAIL"
+    assert cells["18"]["Spark Connect"] == ""  # skipped is not run
+    (tmp_path / "16.4.json").unlink()
+    with pytest.raises(SystemExit, match=r"no results of the replicas \['16.4'\]"):
+        matrix.record(tmp_path, "abc")
+
+
+def test_the_support_matrix_the_docs_show_is_the_one_recorded_from_a_run():
+    recorded = json.loads(matrix.RECORD.read_text())
+    assert set(recorded["cells"]) == set(matrix.RUNTIMES)
+    table = matrix.render(recorded)
+    assert "not run" not in table, f"a gap without a reason (support_matrix.REASONS):\n{table}"
+    assert "✗" not in table, f"a path failed in the recorded run:\n{table}"
+    rows = table.split("\n\n")[0]
+    for doc in ("README.md", "docs/stacks.md"):
+        assert rows in (ROOT / doc).read_text(), f"{doc}: not the recorded matrix:\n{table}"

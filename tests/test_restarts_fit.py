@@ -160,7 +160,7 @@ def test_torch_fit_survives_a_sigkill_and_ends_as_an_undisturbed_run(
 def build_keras_mlp():
     from hvdrunner.keras import compat
 
-    keras = compat.keras_module()  # tf.keras, or Keras 3 on PyTorch (the torch stack)
+    keras = compat.keras_module()  # tf.keras, or Keras 3 on PyTorch (19)
     return keras.Sequential([keras.Input(shape=(64,)),
                              keras.layers.Dense(32, activation="relu"),
                              keras.layers.Dense(10, activation="softmax")])  # fmt: skip
@@ -194,10 +194,10 @@ KERAS_FIT = dict(build_model=build_keras_mlp, epochs=EPOCHS, batch_size=32, lear
 
 @pytest.mark.keras
 @pytest.mark.keras_torch  # restarts of Keras on PyTorch too: checkpoints differ by backend
-# On the torch stack only (CI's budget): the restart machinery is the runner's and the torch
+# On 19 only (CI's budget): the restart machinery is the runner's and the torch
 # fit's tests run it too; Keras-on-TF's own part, its checkpoint restore after a SIGKILL, is
 # test_keras_fit.py::test_resume_after_sigkill_continues_at_epoch_3 on both TF stacks.
-@pytest.mark.stacks("torch")
+@pytest.mark.stacks("19")
 @pytest.mark.timeout(400)
 def test_keras_fit_survives_a_sigkill_and_ends_as_an_undisturbed_run(digits, store, tmp_path):
     with mlflow.start_run() as reference_run:

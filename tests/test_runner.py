@@ -69,7 +69,7 @@ def sleep_forever() -> None:
 
 
 # -- tests --------------------------------------------------------------------------------
-@pytest.mark.stacks("15.4", "modern")  # barrier tasks on Spark 3.5 and 4.1
+@pytest.mark.stacks("15.4", "18")  # barrier tasks on Spark 3.5 and 4.1
 def test_rank_environment_on_spark(spark, monkeypatch):
     # Set in the notebook after Spark's executors started: the ranks still see it.
     monkeypatch.setenv("KERAS_BACKEND", "tensorflow")
@@ -137,7 +137,7 @@ def test_log_callback_only_shows_only_log_to_driver(tmp_path, monkeypatch):
 
 
 @pytest.mark.timeout(90)  # without the abort, rank 0 blocks forever: this bound catches a hang
-@pytest.mark.stacks("15.4", "modern")
+@pytest.mark.stacks("15.4", "18")
 @pytest.mark.parametrize("np_", [2, -2], ids=["spark-barrier", "driver-processes"])
 def test_rank1_exception_fails_fast_and_names_rank(spark, np_):
     with pytest.raises(HorovodRunnerError) as info:
@@ -160,7 +160,7 @@ def test_rank1_sigkill_fails_fast(spark):
     assert any("rank 1 is about to fail" in line for line in info.value.output_tail)
 
 
-@pytest.mark.stacks("15.4", "modern")
+@pytest.mark.stacks("15.4", "18")
 def test_np_above_task_slots_is_refused_before_launch(spark):
     with pytest.raises(ValueError, match=r"np=3 .* 2 task slots"):
         HorovodRunner(np=3).run(big_result, nbytes=1)
@@ -274,7 +274,7 @@ def test_interrupting_run_stops_every_rank():
     assert rank_processes() == []
 
 
-@pytest.mark.stacks("15.4", "modern")  # task slots as each Spark reports them
+@pytest.mark.stacks("15.4", "18")  # task slots as each Spark reports them
 def test_np_zero_uses_every_task_slot_like_sparkdl(spark, capsys):
     envs = HorovodRunner(np=0).run(env_report)
     assert sorted(e["HOROVOD_RANK"] for e in envs) == ["0", "1"]  # local[2]: two slots

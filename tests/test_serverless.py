@@ -1,5 +1,5 @@
 """Serverless GPU: docs/pytorch.md's ``@distributed`` example, run as written under
-Databricks' own launcher (``databricks-sdk-air``, the torch stack), Horovod code on
+Databricks' own launcher (``databricks-sdk-air``, 19), Horovod code on
 ``hvdrunner.hvd_torch``. What cannot exist here - the notebook context and the GPUs - is
 stood in for by tests/helpers/serverless_notebook.py, which says how; the MLflow tracking
 server the launcher logs its run to is a real one."""
@@ -20,7 +20,7 @@ import pytest
 from helpers.docblocks import block
 from helpers.ports import free_port
 
-pytestmark = [pytest.mark.torch, pytest.mark.stacks("torch")]
+pytestmark = [pytest.mark.torch, pytest.mark.stacks("19")]
 HELPERS = Path(__file__).parent / "helpers"
 
 

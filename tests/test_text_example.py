@@ -56,7 +56,7 @@ def keras_text_model(vocab_size=32):
 
 
 @pytest.mark.keras
-@pytest.mark.stacks("modern")
+@pytest.mark.stacks("18")
 @pytest.mark.timeout(300)
 def test_the_same_token_ids_train_a_keras_embedding_model(spark, tmp_path):
     from pyspark.sql import functions as F

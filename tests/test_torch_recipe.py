@@ -1,5 +1,5 @@
 """Horovod's PyTorch recipe under HorovodRunner (Spark barrier tasks and driver processes) and
-its faults, on both PyTorch engines: ``import hvdrunner.hvd_torch as hvd`` on the torch stack
+its faults, on both PyTorch engines: ``import hvdrunner.hvd_torch as hvd`` on 19
 (no horovod installed there), the unchanged ``import horovod.torch as hvd`` on the gpu stack,
 the one that keeps a compiled horovod - with that build's facts (the horovod hvdrunner builds
 for torch >= 2.1: patches/horovod-0.28.1-torch-cxx17.patch, the idle-wait patch). Real ranks
@@ -23,7 +23,7 @@ from hvdrunner import HorovodRunner, HorovodRunnerError
 
 pytestmark = pytest.mark.torch
 ROOT = Path(__file__).resolve().parents[1]
-ENGINE = "hvdrunner.hvd_torch"  # the torch stack's: what `python -m hvdrunner migrate` writes
+ENGINE = "hvdrunner.hvd_torch"  # 19's: what `python -m hvdrunner migrate` writes
 #: The compiled horovod.torch, unchanged code: the gpu stack keeps it.
 COMPILED = pytest.param("horovod.torch", marks=pytest.mark.stacks("gpu"), id="compiled")
 BOTH = [pytest.param(ENGINE, id="engine"), COMPILED]

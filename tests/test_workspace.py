@@ -216,7 +216,7 @@ def test_prod_is_one_deployment_run_as_a_service_principal():
 
 
 @pytest.mark.keras
-@pytest.mark.stacks("modern")
+@pytest.mark.stacks("18")
 @pytest.mark.timeout(1200)
 def test_dev_keras_job_needs_nothing_built_and_the_compiled_target_builds_once(tmp_path):
     ws = StandIn(tmp_path, "dev", VALUES | FAST, USER)
@@ -265,7 +265,7 @@ def test_dev_keras_job_needs_nothing_built_and_the_compiled_target_builds_once(t
 
 
 @pytest.mark.torch
-@pytest.mark.stacks("torch")
+@pytest.mark.stacks("19")
 @pytest.mark.timeout(900)
 def test_dev_torch_job_and_keras_on_torch_need_nothing_built(tmp_path):
     ws = StandIn(tmp_path, "dev", VALUES | FAST, USER)
@@ -304,6 +304,33 @@ def test_dev_torch_job_and_keras_on_torch_need_nothing_built(tmp_path):
     doctor = _doctor(env_dir, {"KERAS_BACKEND": ""})
     assert doctor.returncode == 0, doctor.stdout + doctor.stderr
     assert f"FROM {env_dir}" in doctor.stdout
+
+
+@pytest.mark.torch  # every replica ships torch: on 19, which has no TensorFlow, too
+@pytest.mark.stacks("15.4", "16.4", "17.3", "18", "19")  # each runtime's smoke test
+@pytest.mark.timeout(600)
+def test_the_install_cell_and_the_doctor_cell_pass_on_the_runtime(tmp_path):
+    """docs/install.md's route on this runtime's replica, as a notebook takes it: the wheel
+    the artifact build makes, in the volume; the install cell's ``%pip`` line (into a folder of
+    its own, as a notebook-scoped install); the doctor cell passes from the installed copy,
+    reads pyspark without metadata and says CI tests this runtime."""
+    stack = os.environ["STACK"]
+    volume = tmp_path / "volume"
+    subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--wheel-dir",
+                    str(volume), str(ROOT)], check=True, capture_output=True, timeout=300)  # fmt: skip
+    line = _install_line(block("install.md", "install-wheel"), "")
+    wheel = volume / Path(line.split()[-1]).name
+    assert wheel.is_file(), f"{line}: the build made {sorted(volume.iterdir())}"
+    env_dir = tmp_path / "notebook-env"
+    pip_install([str(wheel)], env_dir)
+    version = stack if "." in stack else f"{stack}.0"  # as the runtime sets it: "18.0"
+    doctor = _doctor(env_dir, {"DATABRICKS_RUNTIME_VERSION": version, "TF_CPP_MIN_LOG_LEVEL": "3"})
+    assert doctor.returncode == 0, doctor.stdout + doctor.stderr
+    assert f"FROM {env_dir}" in doctor.stdout
+    spark = subprocess.run([sys.executable, "-c", "import pyspark; print(pyspark.__version__)"],
+                           capture_output=True, text=True, check=True).stdout.strip()  # fmt: skip
+    assert f"[x] pyspark: {spark}" in doctor.stdout, doctor.stdout
+    assert f"[x] runtime: Databricks Runtime {version}: tested: CI runs a replica" in doctor.stdout
 
 
 @pytest.mark.torch

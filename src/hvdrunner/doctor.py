@@ -171,8 +171,8 @@ def _framework_checks(tf: str | None, torch: str | None, env: dict[str, str]) ->
         "not installed (optional: hvdrunner.torch and horovod.torch need it)")  # fmt: skip
     return [
         Check("tensorflow", tf is not None if torch is None else (tf is not None or None),
-              tf or "not installed", "install a supported stack: make env STACK=modern (or "
-              "STACK=15.4, or STACK=torch for PyTorch)", required=torch is None),
+              tf or "not installed", "install a supported stack: make env STACK=18 (or "
+              "STACK=15.4, or STACK=19 for PyTorch)", required=torch is None),
         Check("torch", False if needs_torch else (True if torch else None), torch_detail,
               "pip install torch (every Databricks ML runtime with TensorFlow ships it): "
               "HVDRUNNER_ENGINE=hvdrunner runs TensorFlow over torch.distributed",
@@ -209,7 +209,7 @@ def evaluate_stack(
 ) -> list[Check]:
     """Version compatibility of every supported stack. Pure: tests feed it fake versions.
 
-    TF <= 2.15 (Keras 2, numpy < 2), TF >= 2.16 (15.4 and modern: Keras 3 or tf_keras
+    TF <= 2.15 (Keras 2, numpy < 2), TF >= 2.16 (15.4 and 18: Keras 3 or tf_keras
     mode), petastorm with pyarrow < 15 and torch without TF pass; mixes that break training
     fail.
     """
@@ -255,7 +255,7 @@ def evaluate_stack(
             "hvdrunner.petastorm.spark instead)"))  # fmt: skip
     spark = versions.get("pyspark")
     checks.append(Check("pyspark", spark is not None, spark or "not installed",
-                        "pip install pyspark (3.5 with 15.4, 4.1 with modern and torch)"))  # fmt: skip
+                        "pip install pyspark (3.5 with 15.4, 4.1 with 18, 4.2 with 19)"))  # fmt: skip
     mlflow = versions.get("mlflow")
     checks.append(
         Check("mlflow", mlflow is not None, mlflow or "not installed", "pip install mlflow==3.17.2")

@@ -131,11 +131,13 @@ def describe_access_mode(spark: Any = None, env: dict[str, str] | None = None) -
 
 
 #: The ML runtimes hvdrunner's CI runs, and how (docs/stacks.md): a replica installs the
-#: runtime's own package list; ``modern`` is a stack near 18 LTS ML with newer frameworks.
+#: runtime's own package list (requirements/<runtime>/runtime.txt).
 TESTED_RUNTIMES = {
-    "15.4": "tested: CI runs a replica of its packages (STACK=15.4)",
-    "18": "tested on a stack near it (STACK=modern: newer TensorFlow, Keras and torch)",
-}
+    **{runtime: f"tested: CI runs a replica of its packages (STACK={runtime}) and the whole "
+                "suite on it" for runtime in ("15.4", "18", "19")},
+    **{runtime: f"tested: CI runs a replica of its packages (STACK={runtime}), its doctor and "
+                "2-rank Keras and PyTorch jobs with MLflow" for runtime in ("16.4", "17.3")},
+}  # fmt: skip
 #: The oldest runtime hvdrunner supports: Databricks' own HorovodRunner covers the ones before.
 OLDEST_RUNTIME = (15, 4)
 
@@ -147,7 +149,7 @@ def runtime_support(env: dict[str, str] | None = None) -> tuple[bool | None, str
 
     Example:
         >>> runtime_support({"DATABRICKS_RUNTIME_VERSION": "15.4"})[1]
-        'Databricks Runtime 15.4: tested: CI runs a replica of its packages (STACK=15.4)'
+        'Databricks Runtime 15.4: tested: CI runs a replica of its packages (STACK=15.4) and the whole suite on it'
     """
     env = dict(os.environ if env is None else env)
     version = env.get("DATABRICKS_RUNTIME_VERSION", "").strip()

@@ -221,7 +221,7 @@ def pass_plan(
     """
     rng = np.random.default_rng([seed, shard, epoch])
     order = rng.permutation(len(lengths)) if shuffle else np.arange(len(lengths))
-    return [(int(i), rng.permutation(lengths[i]) if shuffle else None) for i in order]
+    return [(i, rng.permutation(lengths[i]) if shuffle else None) for i in map(int, order)]
 
 
 def epoch_indices(
