@@ -4,6 +4,7 @@ facts the docs count (notebooks, jobs, modules) match the repository."""
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import re
 import subprocess
@@ -18,6 +19,12 @@ from helpers.docblocks import MARKED, marked
 
 ROOT = Path(__file__).resolve().parents[1]
 DOCS = sorted((ROOT / "docs").glob("*.md"))
+#: Stacks the runtime replicas replaced: their results files keep their names, and
+#: docs/benchmarks.md says so once, naming each.
+RETIRED_STACKS = {"lts": "15.4", "modern": "18", "torch": "19"}
+#: Today's stacks, as `make bench STACK=...` names results files.
+STACK_NAMES = ("15.4", "16.4", "17.3", "18", "19", "gpu")
+
 PAGES = [ROOT / "README.md", *DOCS]
 FENCE = re.compile(r"^```python\n", re.M)
 MARKER = re.compile(r"<!-- (?:not run: \S.*|.*\bruns: (tests/\S+\.py).*) -->\n$")
@@ -179,7 +186,7 @@ def test_every_benchmark_figure_is_quoted_from_its_results_file():
     checked = 0
     for line, header, rows, before in _tables((ROOT / "docs" / "benchmarks.md").read_text()):
         names = re.findall(r"benchmarks/results/([\w<>.-]+\.json)", before)
-        files = {n.replace("<stack>", s) for n in names for s in ("lts", "modern", "torch")}
+        files = {n.replace("<stack>", s) for n in names for s in (*RETIRED_STACKS, *STACK_NAMES)}
         pool = [n for f in files if (results / f).is_file()
                 for n in _numbers(json.loads((results / f).read_text()))]  # fmt: skip
         assert pool, f"docs/benchmarks.md:{line}: the table names no results file before it"
@@ -292,24 +299,35 @@ def test_speed_rows_say_the_keras_mode_they_were_measured_in():
     assert rows and all(mode in row for row in rows), (mode, rows)
 
 
-def _pin_excludes(stack: str, package: str, version: str) -> bool:
-    from packaging.specifiers import SpecifierSet
-
-    for line in (ROOT / "requirements" / stack / "stack.txt").read_text().splitlines():
-        m = re.match(rf"{package}([<>=!~][^#\s]*)", line.strip())
-        if m:
-            return version not in SpecifierSet(m.group(1))
-    return False
+def _pinned(stack: str, package: str) -> str | None:
+    """The version a replica installs of ``package`` (its runtime's pin or recorded
+    difference), or None where the stack pins none."""
+    spec = importlib.util.spec_from_file_location(
+        "runtime_pins", ROOT / "scripts" / "runtime_pins.py"
+    )
+    assert spec is not None and spec.loader is not None
+    pins = importlib.util.module_from_spec(spec)
+    sys.modules["runtime_pins"] = pins
+    spec.loader.exec_module(pins)
+    if not (ROOT / "requirements" / stack / "runtime.txt").exists():
+        return None
+    return pins.shipped(pins.constraints(stack)).get(package)
 
 
 def test_results_measured_outside_todays_pins_are_labelled_in_the_docs():
     import json
 
     docs = (ROOT / "docs" / "benchmarks.md").read_text()
-    for path in sorted((ROOT / "benchmarks" / "results").glob("*-modern.json")):
+    said = " ".join(docs.split())
+    for path in sorted((ROOT / "benchmarks" / "results").glob("*-*.json")):
+        stack = path.stem.rsplit("-", 1)[-1]
+        if stack in RETIRED_STACKS:  # measured on a stack a replica has since replaced
+            assert f"`{stack}`" in said and "since replaced" in said, path.name
+            continue
         versions = json.loads(path.read_text()).get("versions", "")
-        m = re.search(r"pyarrow ([\d.]+)", versions)
-        if m and _pin_excludes("modern", "pyarrow", m.group(1)):
+        m = re.search(r"pyarrow ([\d.]+)", versions) if isinstance(versions, str) else None
+        pinned = _pinned(stack, "pyarrow")
+        if m and pinned and m.group(1) != pinned:
             assert path.name in docs and f"pyarrow {m.group(1)}" in docs, path.name
 
 
@@ -324,7 +342,9 @@ def test_the_dates_beside_benchmark_tables_are_their_results_dates():
         dates = set(re.findall(r"20\d\d-\d\d-\d\d", before))
         names = re.findall(r"benchmarks/results/([\w<>.-]+\.json)", before)
         files = [
-            results / n.replace("<stack>", s) for n in names for s in ("lts", "modern", "torch")
+            results / n.replace("<stack>", s)
+            for n in names
+            for s in (*RETIRED_STACKS, *STACK_NAMES)
         ]
         recorded = {json.loads(f.read_text()).get("date") for f in files if f.is_file()}
         if None in recorded:  # a results file that records no date (a model, a CI log)
@@ -336,7 +356,7 @@ def test_pointers_to_readme_sections_name_sections_that_exist():
     headings = set(re.findall(r"^#+ (.+)$", (ROOT / "README.md").read_text(), re.MULTILINE))
     for path in [ROOT / "databricks.yml", *ROOT.glob("resources/*.yml"), *ROOT.glob("src/**/*.py"),
                  *ROOT.glob("scripts/**/*"), *DOCS]:  # fmt: skip
-        if path.is_file():
+        if path.is_file() and "__pycache__" not in path.parts:  # the tests import scripts
             for section in re.findall(r'README, "([^"]+)"', path.read_text()):
                 assert section in headings, f"{path.name} points to README section {section!r}"
 

@@ -66,7 +66,9 @@ def killed_in_attempt_1(marks: str) -> int:
 
 
 def _listening() -> set[tuple[str, int]]:
-    conns = psutil.Process().net_connections(kind="tcp")
+    proc = psutil.Process()
+    # net_connections() is psutil >= 6; 15.4 to 18 LTS ML ship psutil 5.9.0 (connections())
+    conns = (getattr(proc, "net_connections", None) or proc.connections)(kind="tcp")
     return {(c.laddr.ip, c.laddr.port) for c in conns if c.status == psutil.CONN_LISTEN}
 
 
