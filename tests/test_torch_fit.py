@@ -56,7 +56,7 @@ def rank_metric(out, y):
     return torch.tensor(float(os.environ["HOROVOD_RANK"]))
 
 
-@pytest.mark.stacks("19", "15.4", "16.4", "17.3")  # every replica: a runtime's smoke test
+@pytest.mark.stacks("19", "15.4", "16.4", "17.3", "18")  # every replica: a runtime's smoke test
 @pytest.mark.timeout(300)
 def test_two_rank_fit_reaches_accuracy_and_mlflow_agrees(digits, store, tmp_path, spark):
     import torch
