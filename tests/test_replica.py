@@ -188,3 +188,14 @@ def test_a_stage_records_its_outcomes_and_the_matrix_reads_them(tmp_path):
     (tmp_path / "16.4.json").unlink()
     with pytest.raises(SystemExit, match=r"no results of the replicas \['16.4'\]"):
         matrix.record(tmp_path, "abc")
+
+
+def test_the_support_matrix_the_docs_show_is_the_one_recorded_from_a_run():
+    recorded = json.loads(matrix.RECORD.read_text())
+    assert set(recorded["cells"]) == set(matrix.RUNTIMES)
+    table = matrix.render(recorded)
+    assert "not run" not in table, f"a gap without a reason (support_matrix.REASONS):\n{table}"
+    assert "✗" not in table, f"a path failed in the recorded run:\n{table}"
+    rows = table.split("\n\n")[0]
+    for doc in ("README.md", "docs/stacks.md"):
+        assert rows in (ROOT / doc).read_text(), f"{doc}: not the recorded matrix:\n{table}"
