@@ -3,7 +3,7 @@
 # Idempotent: `make` calls it only when a requirements file or a script changed, and each
 # stage below checks before it works.
 #
-# A runtime replica (STACK=15.4, 18, 19: a folder requirements/<runtime>/ with runtime.txt)
+# A runtime replica (STACK=15.4, 16.4, 17.3, 18, 19: a folder requirements/<runtime>/ with runtime.txt)
 # installs every stage under Databricks' own pins for that runtime (scripts/runtime_pins.py),
 # with its Python, and ends as a cluster does: pyspark importable without package metadata.
 #   15.4    15.4 LTS ML: Python 3.11, TF 2.16.1 (Keras 3.2.1, tf-keras 2.16.0), torch 2.3.1,

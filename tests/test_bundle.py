@@ -5,7 +5,6 @@ build job writes and the training job installs, and the artifact build."""
 
 from __future__ import annotations
 
-import importlib.util
 import os
 import re
 import subprocess
@@ -16,7 +15,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from helpers import bundle
+from helpers import bundle, scripts
 from helpers.repo_copy import copy_repository
 from hvdrunner import workspace
 
@@ -30,10 +29,7 @@ VALUES = {"catalog": "ml", "schema": "team_a"}
 #: prod runs as a service principal (--var service_principal=<application-id>).
 SP = "6f1c2d3e-0000-4000-8000-000000000001"
 CHECK = ROOT / "scripts" / "databricks" / "check_wheel.py"
-_spec = importlib.util.spec_from_file_location("check_wheel", CHECK)
-assert _spec and _spec.loader
-check_wheel = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(check_wheel)
+check_wheel = scripts.load("databricks/check_wheel")
 
 
 def _resolved(name: str) -> dict:

@@ -4,7 +4,6 @@ facts the docs count (notebooks, jobs, modules) match the repository."""
 
 from __future__ import annotations
 
-import importlib.util
 import os
 import re
 import subprocess
@@ -15,6 +14,8 @@ from pathlib import Path
 import pytest
 import yaml
 
+from conftest import STACKS
+from helpers import scripts
 from helpers.docblocks import MARKED, marked
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -22,8 +23,6 @@ DOCS = sorted((ROOT / "docs").glob("*.md"))
 #: Stacks the runtime replicas replaced: their results files keep their names, and
 #: docs/benchmarks.md says so once, naming each.
 RETIRED_STACKS = {"lts": "15.4", "modern": "18", "torch": "19"}
-#: Today's stacks, as `make bench STACK=...` names results files.
-STACK_NAMES = ("15.4", "16.4", "17.3", "18", "19", "gpu")
 
 PAGES = [ROOT / "README.md", *DOCS]
 FENCE = re.compile(r"^```python\n", re.M)
@@ -186,7 +185,7 @@ def test_every_benchmark_figure_is_quoted_from_its_results_file():
     checked = 0
     for line, header, rows, before in _tables((ROOT / "docs" / "benchmarks.md").read_text()):
         names = re.findall(r"benchmarks/results/([\w<>.-]+\.json)", before)
-        files = {n.replace("<stack>", s) for n in names for s in (*RETIRED_STACKS, *STACK_NAMES)}
+        files = {n.replace("<stack>", s) for n in names for s in (*RETIRED_STACKS, *STACKS)}
         pool = [n for f in files if (results / f).is_file()
                 for n in _numbers(json.loads((results / f).read_text()))]  # fmt: skip
         assert pool, f"docs/benchmarks.md:{line}: the table names no results file before it"
@@ -302,13 +301,7 @@ def test_speed_rows_say_the_keras_mode_they_were_measured_in():
 def _pinned(stack: str, package: str) -> str | None:
     """The version a replica installs of ``package`` (its runtime's pin or recorded
     difference), or None where the stack pins none."""
-    spec = importlib.util.spec_from_file_location(
-        "runtime_pins", ROOT / "scripts" / "runtime_pins.py"
-    )
-    assert spec is not None and spec.loader is not None
-    pins = importlib.util.module_from_spec(spec)
-    sys.modules["runtime_pins"] = pins
-    spec.loader.exec_module(pins)
+    pins = scripts.load("runtime_pins")
     if not (ROOT / "requirements" / stack / "runtime.txt").exists():
         return None
     return pins.shipped(pins.constraints(stack)).get(package)
@@ -342,9 +335,7 @@ def test_the_dates_beside_benchmark_tables_are_their_results_dates():
         dates = set(re.findall(r"20\d\d-\d\d-\d\d", before))
         names = re.findall(r"benchmarks/results/([\w<>.-]+\.json)", before)
         files = [
-            results / n.replace("<stack>", s)
-            for n in names
-            for s in (*RETIRED_STACKS, *STACK_NAMES)
+            results / n.replace("<stack>", s) for n in names for s in (*RETIRED_STACKS, *STACKS)
         ]
         recorded = {json.loads(f.read_text()).get("date") for f in files if f.is_file()}
         if None in recorded:  # a results file that records no date (a model, a CI log)

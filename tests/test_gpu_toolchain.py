@@ -9,7 +9,6 @@ runtime's libraries, the build then compiles) is named in docs/databricks.md."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import subprocess
@@ -18,13 +17,11 @@ from pathlib import Path
 
 import pytest
 
+from helpers import scripts
+
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPTS = ROOT / "scripts" / "databricks"
-spec = importlib.util.spec_from_file_location("gpu_toolchain", SCRIPTS / "gpu_toolchain.py")
-assert spec and spec.loader
-toolchain = importlib.util.module_from_spec(spec)
-sys.modules["gpu_toolchain"] = toolchain  # dataclasses look their module up there
-spec.loader.exec_module(toolchain)
+toolchain = scripts.load("databricks/gpu_toolchain")
 
 UBUNTU_2204 = 'ID=ubuntu\nVERSION_ID="22.04"\nPRETTY_NAME="Ubuntu 22.04.4 LTS"\n'
 REPO_LINE = f"deb [signed-by=/usr/share/keyrings/cuda-archive-keyring.gpg] https://{toolchain.REPO_HOST}/ubuntu2204/x86_64/ /\n"  # fmt: skip

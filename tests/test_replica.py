@@ -6,7 +6,6 @@ metadata, as on a cluster. The checks of the installed venv run on the replica's
 from __future__ import annotations
 
 import importlib.metadata as md
-import importlib.util
 import json
 import os
 import subprocess
@@ -15,20 +14,12 @@ from pathlib import Path
 
 import pytest
 
+from helpers import scripts
+
 ROOT = Path(__file__).resolve().parents[1]
-SCRIPT = ROOT / "scripts" / "runtime_pins.py"
 
 
-def _pins_module():
-    spec = importlib.util.spec_from_file_location("runtime_pins", SCRIPT)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["runtime_pins"] = module  # dataclasses look their module up
-    spec.loader.exec_module(module)
-    return module
-
-
-pins = _pins_module()
+pins = scripts.load("runtime_pins")
 
 
 def _replica() -> str:
@@ -147,18 +138,7 @@ def test_the_runtimes_said_to_be_replicated_are_the_replicas_ci_builds():
     assert all(f"make test STACK={name}" in ci for name in built)
 
 
-def _matrix_module():
-    spec = importlib.util.spec_from_file_location(
-        "support_matrix", ROOT / "scripts" / "support_matrix.py"
-    )
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["support_matrix"] = module
-    spec.loader.exec_module(module)
-    return module
-
-
-matrix = _matrix_module()
+matrix = scripts.load("support_matrix")
 KERAS_FIT = "tests/test_keras_fit.py::test_two_rank_fit_reaches_accuracy_and_mlflow_agrees"
 
 
@@ -175,6 +155,7 @@ def test_a_stage_records_its_outcomes_and_the_matrix_reads_them(tmp_path):
     def stage(stack, backend, outcomes):
         return {"stack": stack, "keras_backend": backend, "outcomes": outcomes}
 
+    assert tuple(pins.RUNTIMES) == matrix.RUNTIMES  # the matrix's rows: the replicated runtimes
     for runtime in matrix.RUNTIMES:
         backend = "torch" if runtime == "19" else "tensorflow"
         outcome = "failed" if runtime == "17.3" else "passed"

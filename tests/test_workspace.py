@@ -18,7 +18,7 @@ from pathlib import Path
 import mlflow
 import pytest
 
-from helpers import bundle
+from helpers import bundle, scripts
 from helpers.docblocks import block
 from helpers.repo_copy import copy_repository
 from helpers.standin import ROOT, StandIn, StandInError, install_requirements, pip_install
@@ -374,18 +374,8 @@ def test_the_access_mode_is_named_and_the_docs_say_what_works_there():
 
 
 def test_the_wheel_check_names_a_tensorflow_or_gpu_the_wheel_was_not_built_for(tmp_path):
-    import importlib.util
-
-    def load(name: str):
-        spec = importlib.util.spec_from_file_location(
-            name, ROOT / "scripts" / "databricks" / f"{name}.py"
-        )
-        assert spec and spec.loader
-        module = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(module)
-        return module
-
-    check, build = load("check_wheel"), load("build_horovod_wheel")
+    check = scripts.load("databricks/check_wheel")
+    build = scripts.load("databricks/build_horovod_wheel")
     key = "horovod-0.28.1-tf2.21.0-py312-cuda13.0-nccl2.30.7-sm75.80.90-gloo-nompi-px-x86_64"
     assert build.cuda_archs(key) == ["75", "80", "90"]
     assert build.cuda_archs("horovod-0.28.1-tf2.21.0-py312-cpu-gloo-nompi-px-x86_64") == []
