@@ -120,7 +120,8 @@ def test_catalog_and_schema_are_required_and_every_volume_path_derives_from_them
     config = _resolved(name)
     variables = {k: v["default"] for k, v in config["variables"].items()}
     volume = "/Volumes/ml/team_a/hvdrunner"
-    assert variables["storage_root"].startswith(volume)
+    # The team's volume; prod's data in prod's own, which only its principal writes.
+    assert variables["storage_root"].startswith(volume + ("_prod/" if name == "prod" else "/"))
     assert variables["wheel_dir"] == volume + "/wheels"  # one folder per runtime, every target
     paths = [t for t in _strings(config["resources"]) if "/Volumes/" in t]
     assert paths and all(volume in p for p in paths), paths
@@ -364,3 +365,63 @@ def test_each_target_and_user_registers_its_own_model_and_only_prod_moves_prods_
     # prod's alias nor a colleague's, nor writes where they do.
     flat = [m for n in others for m in n]
     assert len(flat) == len(set(flat)) and not set(flat) & prod
+
+
+def test_a_team_shares_one_volume_and_only_prods_principal_writes_prods(tmp_path):
+    """prod's deploy (as its principal, from CI) makes the team's volume and prod's own, with
+    their grants; every member's dev deploy then neither fails nor reaches prod's data; a team
+    volume made by hand before is handed over and bound as the error says. Unity Catalog
+    itself is the stand-in's (helpers/volumes.py): no metastore exists here."""
+    from helpers.standin import StandIn
+    from helpers.volumes import VolumeError
+
+    team, prod_data = "ml.team_a.hvdrunner", "ml.team_a.hvdrunner_prod"
+    prod = StandIn(tmp_path, "prod", VALUES | {"service_principal": SP}, SP)
+    assert prod.volumes.get(team) is None  # prod makes no volume by hand: its deploy does
+    prod.deploy_volumes()
+    prod.deploy_volumes()  # the next CI deploy changes nothing
+    assert prod.volumes.get(team) == {
+        "owner": SP, "grants": {"account users": ["READ_VOLUME", "WRITE_VOLUME"]},
+        "deployment": [prod.config["workspace"]["root_path"], "team"]}  # fmt: skip
+    assert prod.volumes.get(prod_data)["grants"] == {"account users": ["READ_VOLUME"]}
+    jobs = ("hvdrunner_train", "hvdrunner_train_torch", "hvdrunner_build_horovod")
+    for job in jobs:
+        prod.check_access(job)
+    # Two members: the team's volume is there ("already exists"), each writes its own folder.
+    members = [StandIn(tmp_path, target, VALUES, user)
+               for user in (USER, "second.member@example.com")
+               for target in ("dev", "compiled", "keras_on_torch")]  # fmt: skip
+    for ws in members:
+        assert ws.volumes.get(team)["owner"] == SP and ws.identity == ws.user
+        for job in jobs:
+            ws.check_access(job)
+    roots = {ws.vars["storage_root"] for ws in members}
+    assert len(roots) == len(members) and all(r.startswith("/Volumes/ml/team_a/hvdrunner/")
+                                              for r in roots)  # fmt: skip
+    # prod's data: the team reads it, only the principal writes it.
+    stray = StandIn(tmp_path, "dev", VALUES | {"storage_root": "/Volumes/ml/team_a/hvdrunner_prod/x"},
+                    USER)  # fmt: skip
+    with pytest.raises(VolumeError, match=f"{USER} lacks WRITE_VOLUME on volume {prod_data}"):
+        stray.check_access("hvdrunner_train")
+    prod.volumes.check("/Volumes/ml/team_a/hvdrunner_prod/prod/predictions", USER, write=False)
+
+    # A team that made its volume by hand before prod existed: prod's deploy stops naming
+    # the two steps in the order docs/databricks.md gives them.
+    other = tmp_path / "by-hand"
+    StandIn(other, "dev", VALUES, USER)
+    late = StandIn(other, "prod", VALUES | {"service_principal": SP}, SP)
+    bind = f"databricks bundle deployment bind team {team} -t prod"
+    with pytest.raises(VolumeError, match=re.escape(bind)):
+        late.deploy_volumes()
+    late.volumes.bind(team, late.config["workspace"]["root_path"], "team")
+    with pytest.raises(VolumeError, match=re.escape(f"ALTER VOLUME {team} OWNER TO `{SP}`")):
+        late.deploy_volumes()
+    late.volumes.set_owner(team, SP)
+    late.deploy_volumes()
+    assert late.volumes.get(team)["grants"] == prod.volumes.get(team)["grants"]
+    docs = (ROOT / "docs" / "databricks.md").read_text()
+    for step in (
+        "ALTER VOLUME <catalog>.<schema>.hvdrunner OWNER TO `<application-id>`",
+        "databricks bundle deployment bind team <catalog>.<schema>.hvdrunner -t prod",
+    ):
+        assert step in docs, step

@@ -10,7 +10,9 @@ its task libraries from the exact paths the task names into a fresh folder (``pi
 --target``, first on ``PYTHONPATH``: the installed wheels are what runs, not the checkout),
 with its ``base_parameters`` as widgets, task values shared along the job, and the cluster's
 ``spark_env_vars``; ``{{job.run_id}}`` and ``{{job.parameters.*}}`` are filled in as the Jobs
-service does.
+service does. Unity Catalog's volumes keep owners and grants (tests/helpers/volumes.py): a deploy
+creates the volumes its target declares, and a job whose identity may not read a library or
+write a path it is given in a volume fails before its first task.
 
 What it cannot reach: a cluster (tasks run on ``local[2]`` of this machine, one Python for
 every node), access modes and the UI, the Jobs service's own checks, the runtime's
@@ -35,9 +37,11 @@ from packaging.requirements import Requirement
 
 from helpers import bundle
 from helpers.repo_copy import copy_repository
+from helpers.volumes import Volumes
 
 ROOT = Path(__file__).resolve().parents[2]
 RESOURCES = "resources"  # where the job files live: their relative paths start there
+VOLUME_PATH = re.compile(r"(?<![\w/])/Volumes/\S*")
 
 
 class StandInError(AssertionError):
@@ -54,8 +58,16 @@ class StandIn:
         self.files = self.map(self.config["workspace"]["file_path"])
         self.run_id = 0
         self.last = tmp
-        volume = self.map(f"/Volumes/{values['catalog']}/{values['schema']}/{self.vars['volume']}")
-        volume.mkdir(parents=True, exist_ok=True)  # docs/databricks.md step 2 creates it
+        self.user = user  # who deploys: a member, or (prod, from CI) the service principal
+        run_as = self.config.get("run_as", {})
+        self.identity = run_as.get("service_principal_name") or run_as.get("user_name") or user
+        self.volumes = Volumes(tmp)
+        if not self.config["resources"].get("volumes"):
+            # docs/databricks.md's `databricks volumes create` (it says "already exists" if
+            # prod's deploy, or a colleague, made the team's volume first).
+            team = f"{values['catalog']}.{values['schema']}.{self.vars['volume']}"
+            self.volumes.create_by_hand(team, owner=user)
+            self.map("/Volumes/" + team.replace(".", "/")).mkdir(parents=True, exist_ok=True)
 
     def map(self, path: str) -> Path:
         """A workspace path (``/Volumes/...``, ``/Workspace/...``) as a folder of ``tmp``."""
@@ -79,6 +91,7 @@ class StandIn:
                 problems = bundle.cluster_problems(cluster["new_cluster"])
                 if problems:
                     raise StandInError(f"{name}.{cluster['job_cluster_key']}: {problems}")
+        self.deploy_volumes()
         copy_repository(self.files)
         build = self.config["artifacts"]["hvdrunner_wheel"]["build"].split()
         proc = subprocess.run([sys.executable, *build[1:]], cwd=self.files, capture_output=True,
@@ -86,8 +99,33 @@ class StandIn:
         if proc.returncode != 0:
             raise StandInError(f"artifact build failed: {proc.stdout}{proc.stderr}")
 
+    def deploy_volumes(self) -> None:
+        """The volumes the target declares, made or updated with their grants as the
+        deploying identity (the first part of ``deploy``; helpers/volumes.py)."""
+        declared = self.config["resources"].get("volumes", {})
+        self.volumes.deploy(declared, self.user, self.config["workspace"]["root_path"],
+                            self.config["bundle"]["target"])  # fmt: skip
+        for spec in declared.values():
+            folder = f"/Volumes/{spec['catalog_name']}/{spec['schema_name']}/{spec['name']}"
+            self.map(folder).mkdir(parents=True, exist_ok=True)
+
     def job(self, name: str) -> dict[str, Any]:
         return self.config["resources"]["jobs"][name]
+
+    def check_access(self, name: str) -> None:
+        """What Unity Catalog would refuse job ``name``'s identity (its run_as, else the
+        deploying user), before any task starts: a task library in a volume needs READ VOLUME,
+        a volume path among a task's parameters (data, cache, checkpoints, predictions, the
+        build's output) WRITE VOLUME, unless the identity owns the volume (helpers/volumes.py)."""
+        for task in self.job(name)["tasks"]:
+            for lib in task.get("libraries", []):
+                if lib.get("whl", "").startswith("/Volumes/"):
+                    self.volumes.check(lib["whl"], self.identity, write=False)
+            spec = task.get("notebook_task", {}).get("base_parameters", {}).values()
+            args = task.get("spark_python_task", {}).get("parameters", [])
+            for value in [*spec, *args]:
+                for path in VOLUME_PATH.findall(str(value)):
+                    self.volumes.check(path, self.identity, write=True)
 
     def _local(self, path: str) -> list[Path]:
         """A task's file or library path, as the deployed bundle holds it (relative to the
@@ -115,6 +153,7 @@ class StandIn:
         """Run job ``name`` (``params``: its job parameters, as ``--params``); the task values
         it set. Raises StandInError naming the task that failed."""
         job = self.job(name)
+        self.check_access(name)
         self.run_id += 1
         declared = {p["name"]: p.get("default", "") for p in job.get("parameters", [])}
         unknown = set(params or {}) - set(declared)
