@@ -5,6 +5,7 @@ build job writes and the training job installs, and the artifact build."""
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import subprocess
@@ -425,3 +426,49 @@ def test_a_team_shares_one_volume_and_only_prods_principal_writes_prods(tmp_path
         "databricks bundle deployment bind team <catalog>.<schema>.hvdrunner -t prod",
     ):
         assert step in docs, step
+
+
+def test_the_policy_hvdrunner_ships_takes_every_job_cluster_and_refuses_what_it_limits(tmp_path):
+    """resources/cluster_policy.json, the policy docs/databricks.md tells an admin to create
+    for `--var policy_id`: every job cluster of every target on every cloud's preset node type
+    passes it in the stand-in's deploy (tests/helpers/policy.py applies it as Databricks does;
+    no workspace exists here); what it limits is refused, naming the attribute."""
+    from helpers import policy
+    from helpers.standin import StandIn, StandInError
+
+    definition = json.loads((ROOT / "resources" / "cluster_policy.json").read_text())
+    bundle_vars = scripts.load("bundle_vars")
+    policies = {"hvd-0001": definition}
+    for name in TARGETS:
+        for cloud, preset in bundle_vars.PRESETS.items():
+            values = (VALUES | {"service_principal": SP} if name == "prod" else VALUES) | preset
+            ws = StandIn(tmp_path / name / cloud, name, values | {"policy_id": "hvd-0001"},
+                         SP if name == "prod" else USER, policies)  # fmt: skip
+            for job in ws.config["resources"]["jobs"].values():
+                for cluster in job["job_clusters"]:
+                    assert cluster["new_cluster"]["policy_id"] == "hvd-0001"
+                    assert ws.policy_problems(cluster["new_cluster"]) == [], (name, cloud)
+    cluster = _job(_resolved("dev"), "hvdrunner_train")["job_clusters"][0]["new_cluster"]
+    refused = {
+        "node_type_id": {"node_type_id": "p4d.24xlarge"},
+        "num_workers": {"num_workers": 8},
+        "data_security_mode": {"data_security_mode": "USER_ISOLATION"},
+        "spark_version": {"spark_version": "18.x-cpu-ml-scala2.13"},
+        "custom_tags.project": {"custom_tags": {"project": "other"}},
+    }
+    for attribute, change in refused.items():
+        (problem,) = policy.problems(cluster | change, definition)
+        assert problem.startswith(f"{attribute} "), problem
+    (problem,) = policy.problems({k: v for k, v in cluster.items() if k != "node_type_id"},
+                                 definition)  # fmt: skip
+    assert problem == "node_type_id: the policy requires a value"
+    # The deploy stops on a refused cluster, and on a policy the workspace does not have.
+    ws = StandIn(tmp_path / "refused", "dev", VALUES | {"policy_id": "hvd-0001",
+                 "node_type_id": "p4d.24xlarge"}, USER, policies)  # fmt: skip
+    with pytest.raises(StandInError, match=r"hvdrunner_\w+\.\w+: .*'p4d\.24xlarge' must be one"):
+        ws.deploy()
+    ws = StandIn(tmp_path / "missing", "dev", VALUES | {"policy_id": "nope"}, USER, policies)
+    with pytest.raises(StandInError, match="policy_id 'nope': no such compute policy"):
+        ws.deploy()
+    docs = (ROOT / "docs" / "databricks.md").read_text()
+    assert '--definition "$(cat resources/cluster_policy.json)"' in docs

@@ -268,7 +268,12 @@ def test_dev_keras_job_needs_nothing_built_and_the_compiled_target_builds_once(t
 @pytest.mark.stacks("19")
 @pytest.mark.timeout(900)
 def test_dev_torch_job_and_keras_on_torch_need_nothing_built(tmp_path):
+    # A team's workspace: prod's principal deployed first (its volumes and their grants), so
+    # the member's job runs in a team volume it does not own and must leave prod's untouched.
+    sp = PROD["service_principal"]
+    StandIn(tmp_path, "prod", PROD, sp).deploy_volumes()
     ws = StandIn(tmp_path, "dev", VALUES | FAST, USER)
+    assert ws.volumes.get("ml.team_a.hvdrunner")["owner"] == sp
     ws.deploy()
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"  # the registry, local in place of Unity Catalog
     values = ws.run_job("hvdrunner_train_torch",
@@ -286,6 +291,8 @@ def test_dev_torch_job_and_keras_on_torch_need_nothing_built(tmp_path):
     assert metrics["test_accuracy"] == values["batch_inference"]["test_accuracy"]
     assert f"models:/{name}@champion" in (ws.last / "train_torch.log").read_text()
     assert not list(tmp_path.rglob("horovod-*.whl"))
+    assert list(ws.map(ws.vars["storage_root"]).rglob("*.parquet"))  # its data, in its folder
+    assert not list(ws.map("/Volumes/ml/team_a/hvdrunner_prod").iterdir())  # prod's untouched
     k = StandIn(tmp_path / "k", "keras_on_torch", VALUES | FAST, USER)
     k.deploy()
     values = k.run_job("hvdrunner_train")

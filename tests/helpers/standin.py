@@ -10,7 +10,8 @@ its task libraries from the exact paths the task names into a fresh folder (``pi
 --target``, first on ``PYTHONPATH``: the installed wheels are what runs, not the checkout),
 with its ``base_parameters`` as widgets, task values shared along the job, and the cluster's
 ``spark_env_vars``; ``{{job.run_id}}`` and ``{{job.parameters.*}}`` are filled in as the Jobs
-service does. Unity Catalog's volumes keep owners and grants (tests/helpers/volumes.py): a deploy
+service does. A cluster's ``policy_id`` is held to the policy's definition
+(tests/helpers/policy.py). Unity Catalog's volumes keep owners and grants (tests/helpers/volumes.py): a deploy
 creates the volumes its target declares, and a job whose identity may not read a library or
 write a path it is given in a volume fails before its first task.
 
@@ -35,7 +36,7 @@ from typing import Any
 
 from packaging.requirements import Requirement
 
-from helpers import bundle
+from helpers import bundle, policy
 from helpers.repo_copy import copy_repository
 from helpers.volumes import Volumes
 
@@ -51,8 +52,13 @@ class StandInError(AssertionError):
 class StandIn:
     """One target of the bundle, deployed to a temporary 'workspace' under ``tmp``."""
 
-    def __init__(self, tmp: Path, target: str, values: dict[str, str], user: str) -> None:
+    def __init__(
+        self, tmp: Path, target: str, values: dict[str, str], user: str,
+        policies: dict[str, dict[str, Any]] | None = None,
+    ) -> None:  # fmt: skip
+        """``policies``: the workspace's compute policies, id -> definition."""
         self.tmp = tmp
+        self.policies = policies or {}
         self.config = bundle.target(ROOT, target, user, values)
         self.vars = {k: v.get("default") for k, v in self.config["variables"].items()}
         self.files = self.map(self.config["workspace"]["file_path"])
@@ -89,6 +95,7 @@ class StandIn:
         for name, job in self.config["resources"]["jobs"].items():
             for cluster in job.get("job_clusters", []):
                 problems = bundle.cluster_problems(cluster["new_cluster"])
+                problems += self.policy_problems(cluster["new_cluster"])
                 if problems:
                     raise StandInError(f"{name}.{cluster['job_cluster_key']}: {problems}")
         self.deploy_volumes()
@@ -98,6 +105,16 @@ class StandIn:
                               text=True, timeout=300)  # fmt: skip
         if proc.returncode != 0:
             raise StandInError(f"artifact build failed: {proc.stdout}{proc.stderr}")
+
+    def policy_problems(self, cluster: dict[str, Any]) -> list[str]:
+        """What the compute policy the cluster names refuses (helpers/policy.py); an empty
+        ``policy_id`` names none (the CLI leaves the field out)."""
+        policy_id = cluster.get("policy_id")
+        if not policy_id:
+            return []
+        if policy_id not in self.policies:
+            return [f"policy_id {policy_id!r}: no such compute policy in the workspace"]
+        return policy.problems(cluster, self.policies[policy_id])
 
     def deploy_volumes(self) -> None:
         """The volumes the target declares, made or updated with their grants as the
