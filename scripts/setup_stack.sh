@@ -68,11 +68,13 @@ PY="$VENV/bin/python"
 PIP=("$PY" -m pip --disable-pip-version-check)
 "${PIP[@]}" install -q --upgrade "pip>=24,<26"
 
-# A replica installs every stage under its runtime's pins (with its recorded differences).
-PINS=()
+# Every stage installs under the stack's pins: a replica's runtime (with its recorded
+# differences), gpu's framework file.
 if [ -n "$REPLICA" ]; then
   "$PY" "$ROOT/scripts/runtime_pins.py" constraints "$STACK" >"$VENV/replica-constraints.txt"
   PINS=(-c "$VENV/replica-constraints.txt")
+else
+  PINS=(-c "$REQ/framework.txt")
 fi
 
 say "stage 1/3: the framework ($REQ/framework.txt)"
@@ -97,8 +99,8 @@ else
 fi
 
 say "stage 3/3: Spark, Arrow, MLflow, dev tools, hvdrunner ($REQ/stack.txt)"
+"${PIP[@]}" install -q -r "$REQ/stack.txt" "${PINS[@]}"
 if [ -n "$REPLICA" ]; then
-  "${PIP[@]}" install -q -r "$REQ/stack.txt" "${PINS[@]}"
   # On a cluster pyspark is on the interpreter's path with no package metadata (no pip
   # distribution): whatever reads its version from metadata must not work here either.
   "$PY" - <<'PY'
@@ -106,8 +108,6 @@ import pathlib, shutil, sysconfig
 for meta in pathlib.Path(sysconfig.get_paths()["purelib"]).glob("pyspark-*.dist-info"):
     shutil.rmtree(meta)
 PY
-else
-  "${PIP[@]}" install -q -r "$REQ/stack.txt" -c "$REQ/framework.txt"
 fi
 # The editable install writes src/hvdrunner.egg-info, shared by every stack's venv: one at a
 # time when stacks are set up side by side (.ci/run does).

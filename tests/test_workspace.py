@@ -293,6 +293,16 @@ def test_dev_torch_job_and_keras_on_torch_need_nothing_built(tmp_path):
     assert not list(tmp_path.rglob("horovod-*.whl"))
     assert list(ws.map(ws.vars["storage_root"]).rglob("*.parquet"))  # its data, in its folder
     assert not list(ws.map("/Volumes/ml/team_a/hvdrunner_prod").iterdir())  # prod's untouched
+    # prod's own run, deployed and run as its principal: prod's volume, model and alias.
+    p = StandIn(tmp_path, "prod", PROD | FAST, sp)
+    p.deploy()
+    values = p.run_job("hvdrunner_train_torch",
+                       env={"MLFLOW_TRACKING_URI": uri, "MLFLOW_REGISTRY_URI": uri})  # fmt: skip
+    assert values["batch_inference"]["test_accuracy"] > 0.8
+    assert values["train_torch"]["model_uri"] == "models:/ml.team_a.hvdrunner_digits_torch@champion"
+    assert list(p.map("/Volumes/ml/team_a/hvdrunner_prod/prod").rglob("*.parquet"))
+    # The member's alias still names the member's version: prod moved only its own.
+    assert client.get_model_version_by_alias(name, "champion").run_id == trained["run_id"]
     k = StandIn(tmp_path / "k", "keras_on_torch", VALUES | FAST, USER)
     k.deploy()
     values = k.run_job("hvdrunner_train")
