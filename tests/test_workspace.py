@@ -264,6 +264,24 @@ def test_dev_keras_job_needs_nothing_built_and_the_compiled_target_builds_once(t
     assert f"FROM {env_dir}" in doctor.stdout  # the installed copy, not the checkout
 
 
+@pytest.mark.keras
+@pytest.mark.stacks("15.4")
+@pytest.mark.timeout(900)
+def test_lts_keras_job_runs_on_what_15_4_ships(tmp_path):
+    """Target ``lts`` on its runtime's replica: no TensorFlow library (15.4 ships 2.16.1),
+    hvdrunner's wheel alone, MLflow 2.13's client registering the job's model."""
+    ws = StandIn(tmp_path, "lts", VALUES | FAST, USER)
+    assert all("pypi" not in lib for task in ws.job("hvdrunner_train")["tasks"]
+               for lib in task.get("libraries", []))  # fmt: skip
+    ws.deploy()
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"  # the registry, local in place of Unity Catalog
+    values = ws.run_job("hvdrunner_train",
+                        env={"MLFLOW_TRACKING_URI": uri, "MLFLOW_REGISTRY_URI": uri})  # fmt: skip
+    assert values["batch_inference"]["test_accuracy"] > 0.8
+    name = f"ml.team_a.hvdrunner_digits_lts_{bundle.short_name(USER)}_keras"
+    assert values["train_keras"]["model_uri"] == f"models:/{name}@champion"
+
+
 @pytest.mark.torch
 @pytest.mark.stacks("19")
 @pytest.mark.timeout(900)
