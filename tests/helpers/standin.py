@@ -171,7 +171,9 @@ class StandIn:
         it set. Raises StandInError naming the task that failed."""
         job = self.job(name)
         self.check_access(name)
-        self.run_id += 1
+        # Run ids are the workspace's, unique across its deployments (a member's and prod's).
+        runs = (int(d.name.rsplit("-", 1)[1]) for d in (self.tmp / "runs").glob("*-*"))
+        self.run_id = 1 + max(runs, default=0)
         declared = {p["name"]: p.get("default", "") for p in job.get("parameters", [])}
         unknown = set(params or {}) - set(declared)
         if unknown:
