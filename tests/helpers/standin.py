@@ -11,9 +11,10 @@ its task libraries from the exact paths the task names into a fresh folder (``pi
 with its ``base_parameters`` as widgets, task values shared along the job, and the cluster's
 ``spark_env_vars``; ``{{job.run_id}}`` and ``{{job.parameters.*}}`` are filled in as the Jobs
 service does. A cluster's ``policy_id`` is held to the policy's definition
-(tests/helpers/policy.py). Unity Catalog's volumes keep owners and grants (tests/helpers/volumes.py): a deploy
-creates the volumes its target declares, and a job whose identity may not read a library or
-write a path it is given in a volume fails before its first task.
+(tests/helpers/policy.py). Unity Catalog's volumes keep owners and grants
+(tests/helpers/volumes.py): a deploy creates the volumes its target declares, and a job whose
+identity may not read a library or write a path it is given in a volume fails before its
+first task.
 
 What it cannot reach: a cluster (tasks run on ``local[2]`` of this machine, one Python for
 every node), access modes and the UI, the Jobs service's own checks, the runtime's
