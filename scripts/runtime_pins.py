@@ -50,6 +50,9 @@ PACKAGES = (
     "numpy", "pandas", "pyarrow", "mlflow-skinny", "cloudpickle", "protobuf", "petastorm",
     "mosaicml-streaming", "psutil", "scikit-learn", "setuptools", "sqlalchemy", "flask",
     "pillow", "grpcio", "grpcio-status", "googleapis-common-protos",
+    # Pulled in by mosaicml-streaming (its cloud clients: oci, paramiko); unpinned, pip takes
+    # today's cryptography, which mlflow-skinny refuses (3.8.1: cryptography < 47).
+    "cryptography", "pyopenssl",
 )  # fmt: skip
 
 LINE = re.compile(r"^([A-Za-z0-9_.\-]+)\s*(?:~=|==)\s*([^\s;#]+)")

@@ -134,6 +134,8 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             framework = has_tf or keras_on_torch
         else:
             framework = has_tf
+        if item.get_closest_marker("streaming") is not None:  # hvdrunner.streaming's tests
+            framework = framework and _installed("mosaicml-streaming")
         runs = framework and (stack is None or stack in stacks_of(item))
         (keep if runs else drop).append(item)
     if drop:

@@ -131,3 +131,34 @@ def ensure_writable(local_path: str) -> None:
     with open(probe, "w") as f:
         f.write("ok")
     os.remove(probe)
+
+
+def for_ranks(path: str, master: str, shared: bool, argument: str) -> Location:
+    """``path`` resolved and proven writable, where every rank of a job on ``master`` can read
+    it: refused when it is local to each machine and the ranks run on other nodes (unless
+    declared ``shared``). ``argument`` names the path in the errors.
+
+    Raises:
+        ValueError: the path cannot be seen by the ranks, or cannot be written.
+
+    Example:
+        >>> for_ranks("/Volumes/main/ml/hvdrunner/mds", "spark://h:7077", False, "path").shared  # doctest: +SKIP
+        True
+    """
+    loc = resolve(path)
+    if not master.startswith("local") and not loc.shared and not shared:
+        raise ValueError(
+            f"{argument}={path!r} looks local to each machine, but master {master!r} runs "
+            f"ranks on other nodes, which would not see the files. On Databricks use "
+            f"dbfs:/..., /dbfs/... or /Volumes/<catalog>/<schema>/<volume>/...; on another "
+            f"cluster put it on a mount every node sees at the same path (NFS, a FUSE-mounted "
+            f"bucket) and pass shared=True (each rank then checks it can see the files)."
+        )
+    try:
+        ensure_writable(loc.local_path)
+    except OSError as exc:
+        raise ValueError(
+            f"{argument}={path!r} is not writable ({exc.strerror or exc}). Pass a "
+            f"directory you can write to."
+        ) from exc
+    return loc

@@ -73,6 +73,17 @@ def cross_rank() -> int:
     return _env_int(("HOROVOD_CROSS_RANK", "GROUP_RANK"), 0)
 
 
+def cross_size() -> int:
+    """The hosts that run a rank of this process's local rank (``HOROVOD_CROSS_SIZE``; under
+    torchrun, every host runs as many: ``WORLD_SIZE // LOCAL_WORLD_SIZE``); 1 outside a job.
+
+    Example:
+        >>> cross_size()  # outside a job
+        1
+    """
+    return _env_int(("HOROVOD_CROSS_SIZE",), max(1, size() // local_size()))
+
+
 def in_horovod_rank() -> bool:
     """Whether this process is a rank that HorovodRunner (or ``horovodrun``) started.
 

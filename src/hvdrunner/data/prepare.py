@@ -48,26 +48,6 @@ def _check_driver() -> None:
         )
 
 
-def _check_location(cache_dir: str, master: str, shared: bool = False) -> _paths.Location:
-    loc = _paths.resolve(cache_dir)
-    if not master.startswith("local") and not loc.shared and not shared:
-        raise ValueError(
-            f"cache_dir={cache_dir!r} looks local to each machine, but master {master!r} runs "
-            f"ranks on other nodes, which would not see the files. On Databricks use "
-            f"dbfs:/..., /dbfs/... or /Volumes/<catalog>/<schema>/<volume>/...; on another "
-            f"cluster put it on a mount every node sees at the same path (NFS, a FUSE-mounted "
-            f"bucket) and pass shared=True (each rank then checks it can see the files)."
-        )
-    try:
-        _paths.ensure_writable(loc.local_path)
-    except OSError as exc:
-        raise ValueError(
-            f"cache_dir={cache_dir!r} is not writable ({exc.strerror or exc}). Pass a "
-            f"directory you can write to."
-        ) from exc
-    return loc
-
-
 def prepare(
     df: Any,
     *,
@@ -179,7 +159,9 @@ def _materialize(
     wanted, fields, kinds = _check_columns(df, feats, label, shapes)
     pad = pad or {}
     check_pad(pad, kinds)
-    loc = _check_location(cache_dir, str(df.sparkSession.conf.get("spark.master")), shared)
+    loc = _paths.for_ranks(
+        cache_dir, str(df.sparkSession.conf.get("spark.master")), shared, "cache_dir"
+    )
     options = options or {}
     key, final, existing = _cached(df, wanted, dtype, shapes, loc, refresh, options, pad)
     if existing is not None:

@@ -1,0 +1,190 @@
+"""``MdsData``: MDS shards as every rank reads them through Mosaic Streaming, with equal steps.
+
+Streaming gives every rank ``ceil(rows / ranks)`` samples an epoch (it repeats a few to fill
+the last ranks) in ``ceil(samples / batch_size)`` batches, the last one short, reshuffled each
+epoch from one seed; hvdrunner checks each epoch against that count, so a rank that would run
+another number of steps stops with an error instead of leaving the others in an allreduce.
+
+Example:
+    >>> data = MdsData("/tmp/mds", 101, (("x", "ndarray:float32"), ("y", "int64")), ("x",), "y")
+    >>> data.steps_per_epoch(8, num_ranks=2)  # 51 samples a rank: 6 batches of 8 and one of 3
+    7
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import math
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+from hvdrunner._checks import is_int
+from hvdrunner.data.transform import TransformSpec
+from hvdrunner.data.transform import apply as apply_transform
+from hvdrunner.distributed import rank, size
+from hvdrunner.streaming import world
+
+#: DataLoader worker processes a rank decodes with (Streaming's own default is none).
+WORKERS = 2
+
+
+def collate(
+    samples: list[dict[str, Any]], columns: tuple[tuple[str, str], ...],
+    spec: TransformSpec | None,
+) -> dict[str, Any]:  # fmt: skip
+    """Streaming's samples as one ``{column: numpy array}`` batch, transformed by ``spec``
+    (in the DataLoader's worker processes: decoding runs beside the model, not before it)."""
+    import numpy as np
+
+    batch = {}
+    for name, encoding in columns:
+        values = [s[name] for s in samples]
+        if encoding in ("str", "bytes"):
+            batch[name] = np.array(values, dtype=object)
+        elif encoding.startswith("ndarray:"):
+            batch[name] = np.stack(values)
+        else:
+            batch[name] = np.asarray(values)
+    return batch if spec is None else apply_transform(spec, batch)
+
+
+@dataclass(frozen=True)
+class MdsData:
+    """A picklable handle on MDS shards (:func:`hvdrunner.streaming.write_mds`): what
+    ``hvdrunner.torch.fit`` and ``hvdrunner.keras.fit`` (on PyTorch) take as ``data``, and a
+    ``StreamingDataset`` for a loop of your own (:meth:`dataset`)."""
+
+    path: str
+    num_rows: int
+    columns: tuple[tuple[str, str], ...]  # (name, MDS encoding), as written
+    features: tuple[str, ...]
+    label: str | None
+    single_feature: bool = True
+    transform: TransformSpec | None = field(default=None)
+    workers: int = WORKERS
+
+    def transformed(
+        self, spec: TransformSpec, features: str | list[str], label: str | None = None,
+        workers: int | None = None,
+    ) -> MdsData:  # fmt: skip
+        """This data decoded on the ranks by ``spec`` (petastorm's ``TransformSpec``), fed as
+        ``features`` (and ``label``), columns of the transform's output; ``workers``: the
+        DataLoader processes per rank that decode.
+
+        Example:
+            >>> images = data.transformed(spec, "features", "label_index")  # doctest: +SKIP
+        """
+        if not isinstance(spec, TransformSpec):
+            raise TypeError(
+                f"pass a TransformSpec (hvdrunner.petastorm.TransformSpec), got {spec!r}"
+            )
+        feats = [features] if isinstance(features, str) else list(features)
+        names = spec.output_names([name for name, _ in self.columns])
+        unknown = [n for n in [*feats, *([label] if label else [])] if n not in names]
+        if unknown:
+            raise ValueError(
+                f"features/label {unknown} are not columns of the transform's output {list(names)}"
+            )
+        if workers is not None and not is_int(workers, at_least=0):
+            raise ValueError(f"workers={workers!r} must be an int >= 0 (decoding processes)")
+        return dataclasses.replace(
+            self, transform=spec, features=tuple(feats), label=label,
+            single_feature=isinstance(features, str),
+            workers=self.workers if workers is None else workers,
+        )  # fmt: skip
+
+    # -- sizes -----------------------------------------------------------------------------
+    def rows_per_rank(self, num_ranks: int | None = None) -> int:
+        """Samples each rank reads per epoch (Streaming repeats a few to make them equal)."""
+        return math.ceil(self.num_rows / (num_ranks or size()))
+
+    def steps_per_epoch(self, batch_size: int, num_ranks: int | None = None) -> int:
+        """Batches per epoch, the same on every rank (the last one short when the samples do
+        not divide).
+
+        Raises:
+            ValueError: ``batch_size`` is not a positive int, or exceeds a rank's samples.
+        """
+        per = self.rows_per_rank(num_ranks)
+        if not is_int(batch_size, at_least=1):
+            raise ValueError(f"batch_size must be a positive int, got {batch_size!r}")
+        if batch_size > per:
+            raise ValueError(
+                f"batch_size={batch_size} is larger than one rank's samples ({per} of "
+                f"{self.num_rows} over {num_ranks or size()} ranks). Use batch_size<={per} or "
+                f"fewer ranks."
+            )
+        return math.ceil(per / batch_size)
+
+    # -- reading ---------------------------------------------------------------------------
+    def dataset(
+        self, batch_size: int, *, shuffle: bool = True, seed: int = 0, **options: Any
+    ) -> Any:
+        """This rank's ``streaming.StreamingDataset`` over the shards, the world checked first
+        (:func:`hvdrunner.streaming.world.check`). ``options`` go to Streaming as they are.
+
+        Example:
+            >>> ds = data.dataset(64)                       # doctest: +SKIP
+            >>> loader = streaming.StreamingDataLoader(ds, batch_size=64)
+        """
+        world.check()
+        from streaming import StreamingDataset
+
+        options.setdefault("num_canonical_nodes", world.nodes())
+        return StreamingDataset(local=self.path, batch_size=batch_size, shuffle=shuffle,
+                                shuffle_seed=seed, **options)  # fmt: skip
+
+    def loader(
+        self, batch_size: int, *, shuffle: bool = True, seed: int = 0, first_epoch: int = 0
+    ) -> Any:
+        """A ``DataLoader`` of ``{column: numpy array}`` batches (transformed), starting at
+        epoch ``first_epoch`` of the seeded order; each pass over it is the next epoch."""
+        from torch.utils.data import DataLoader
+
+        ds = self.dataset(batch_size, shuffle=shuffle, seed=seed)
+        if first_epoch:
+            ds.load_state_dict({
+                "epoch": first_epoch, "sample_in_epoch": 0, "shuffle_seed": seed,
+                "num_canonical_nodes": world.nodes(), "initial_physical_nodes": world.nodes(),
+            })  # fmt: skip
+        fn = functools.partial(collate, columns=self.columns, spec=self.transform)
+        return DataLoader(ds, batch_size=batch_size, num_workers=self.workers, collate_fn=fn)
+
+    def batches(
+        self, batch_size: int, *, shuffle: bool = True, seed: int = 0, first_epoch: int = 0,
+        in_memory: bool | None = None,
+    ) -> Iterator[dict[str, Any]]:  # fmt: skip
+        """Endless ``{column: numpy array}`` batches, :meth:`steps_per_epoch` an epoch on every
+        rank (checked: another count raises instead of leaving a rank behind). ``in_memory``
+        is accepted for ``fit`` and ignored: Streaming reads from its shards."""
+        del in_memory
+        steps = self.steps_per_epoch(batch_size)
+        loader = self.loader(batch_size, shuffle=shuffle, seed=seed, first_epoch=first_epoch)
+        epoch = first_epoch
+        while True:
+            it, got = iter(loader), 0
+            for batch in it:
+                got += 1
+                if got > steps:
+                    break
+                yield batch
+            if got != steps:
+                raise RuntimeError(
+                    f"rank {rank()}: Mosaic Streaming gave {'more than ' if got > steps else ''}"
+                    f"{got} batches in epoch {epoch}, where every rank must run {steps} "
+                    f"({self.num_rows} rows, {size()} ranks, batch_size={batch_size}): the "
+                    f"ranks would fall out of step. Were the shards at {self.path} changed?"
+                )
+            del it
+            epoch += 1
+
+    def structure(self, batch: dict[str, Any]) -> Any:
+        """A batch as the model is fed: ``x`` or ``(x, label)``, where ``x`` is the one
+        feature column's array or a dict of the feature columns."""
+        x = batch[self.features[0]] if self.single_feature else {f: batch[f] for f in self.features}
+        return x if self.label is None else (x, batch[self.label])
+
+
+__all__ = ["MdsData", "collate"]

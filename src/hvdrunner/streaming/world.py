@@ -1,0 +1,93 @@
+"""The job's world as Mosaic Streaming reads it, checked before a ``StreamingDataset`` exists.
+
+Streaming reads the world from torch's variables only (``RANK``, ``WORLD_SIZE``,
+``LOCAL_RANK``, ``LOCAL_WORLD_SIZE``), uses ``torch.distributed`` for its barriers, and
+assumes every host runs the same number of ranks, numbered host by host: it places rank ``r``
+on node ``r // LOCAL_WORLD_SIZE``, and each node's first rank sets up that node's shared
+memory. HorovodRunner sets those variables in every rank; a world Streaming would misread
+(ranks spread unevenly over hosts, a launcher that set only Horovod's variables, no
+``torch.distributed`` to meet through) is refused here with the fix instead of hanging in a
+barrier or reading another host's shared memory.
+
+Example:
+    >>> problem(rank=2, size=3, local_rank=0, local_size=1, hosts=2)
+    'this job runs 3 ranks on 2 hosts: Mosaic Streaming needs the same number of ranks on every host (np a multiple of the hosts, as many slots on each)'
+"""
+
+from __future__ import annotations
+
+import os
+
+from hvdrunner import distributed
+
+#: The variables Streaming reads, and where hvdrunner reads the same value.
+TORCH_NAMES = {
+    "RANK": distributed.rank, "WORLD_SIZE": distributed.size,
+    "LOCAL_RANK": distributed.local_rank, "LOCAL_WORLD_SIZE": distributed.local_size,
+}  # fmt: skip
+
+
+def problem(rank: int, size: int, local_rank: int, local_size: int, hosts: int) -> str | None:
+    """What Streaming would get wrong about this rank's world, or ``None``.
+
+    ``hosts``: the hosts that run a rank of this rank's local rank (Horovod's cross size).
+    On the busiest host's last local rank the count is short whenever hosts differ, so at
+    least one rank of an uneven job refuses it (and HorovodRunner stops the others).
+    """
+    if size != local_size * hosts:
+        return (
+            f"this job runs {size} ranks on {hosts} hosts: Mosaic Streaming needs the same "
+            f"number of ranks on every host (np a multiple of the hosts, as many slots on each)"
+        )
+    if rank % local_size != local_rank:
+        return (
+            f"rank {rank} is local rank {local_rank} of {local_size} on its host, but Mosaic "
+            f"Streaming numbers ranks host by host (it would take local rank "
+            f"{rank % local_size}): start the job with HorovodRunner, torchrun or horovodrun"
+        )
+    return None
+
+
+def check() -> None:
+    """Refuse a world Streaming would misread; set torch's variables from Horovod's where a
+    launcher set only those (Streaming reads no other).
+
+    Raises:
+        RuntimeError: ranks uneven over hosts or not numbered host by host, or a job of
+            several ranks with no ``torch.distributed`` group and no ``MASTER_ADDR`` to make
+            one (Streaming's barriers would fail inside its constructor).
+    """
+    size, local_size = distributed.size(), distributed.local_size()
+    found = problem(distributed.rank(), size, distributed.local_rank(), local_size,
+                    distributed.cross_size())  # fmt: skip
+    if found:
+        raise RuntimeError(f"hvdrunner.streaming: {found}.")
+    for name, read in TORCH_NAMES.items():
+        have, want = os.environ.get(name), str(read())
+        if have is not None and have != want:
+            raise RuntimeError(
+                f"hvdrunner.streaming: {name}={have} but Horovod's variables say {want}: the "
+                f"job was started with two launchers' environments. Start it with one."
+            )
+        os.environ[name] = want
+    if size > 1 and not _torch_group() and "MASTER_ADDR" not in os.environ:
+        raise RuntimeError(
+            "hvdrunner.streaming: Mosaic Streaming meets the other ranks through "
+            "torch.distributed, which is not initialised and has no MASTER_ADDR/MASTER_PORT "
+            "to start from. Call hvd.init() (hvdrunner.hvd_torch) first, or run the function "
+            "with HorovodRunner, which sets them."
+        )
+
+
+def _torch_group() -> bool:
+    import torch.distributed as dist
+
+    return bool(dist.is_available() and dist.is_initialized())
+
+
+def nodes() -> int:
+    """The hosts of the job, as Streaming counts them."""
+    return max(1, distributed.size() // distributed.local_size())
+
+
+__all__ = ["check", "nodes", "problem"]

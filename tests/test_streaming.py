@@ -1,0 +1,188 @@
+"""Mosaic Streaming under HorovodRunner (hvdrunner.streaming): a DataFrame written as MDS
+shards, read back value for value; nulls, leftovers and uneven hosts refused; equal steps on
+every rank of a real 2-rank job when the rows do not divide; torch.fit training from the
+shards; an epoch resumed in the order an uninterrupted run has. On the 18 replica, which
+ships mosaicml-streaming 0.13.0 as 18 LTS ML does."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import numpy as np
+import pytest
+
+from helpers import digits as digit_data
+from hvdrunner import HorovodRunner
+from hvdrunner._launch.assignments import assign
+from hvdrunner.streaming import write_mds
+from hvdrunner.streaming.world import problem
+
+pytestmark = [pytest.mark.torch, pytest.mark.streaming, pytest.mark.stacks("18")]
+
+
+def _kinds_frame(spark):
+    """Every kind of column write_mds takes, with values a wrong encoding would change."""
+    from pyspark.sql import types as T
+
+    schema = T.StructType([
+        T.StructField("id", T.LongType()), T.StructField("b", T.ByteType()),
+        T.StructField("s", T.ShortType()), T.StructField("i", T.IntegerType()),
+        T.StructField("d", T.DoubleType()), T.StructField("flag", T.BooleanType()),
+        T.StructField("text", T.StringType()), T.StructField("blob", T.BinaryType()),
+        T.StructField("vec", T.ArrayType(T.DoubleType())),
+        T.StructField("ints", T.ArrayType(T.IntegerType())),
+    ])  # fmt: skip
+    rows = [(k, -1 - k % 100, -30000 + k, 2**31 - 1 - k, k / 3, k % 2 == 0, f"row {k} ü",
+             bytes([k % 256, 255, 0]), [k * 0.5, -k * 1.0], [k, -k, 7])
+            for k in range(37)]  # fmt: skip
+    return spark.createDataFrame(rows, schema).repartition(3)
+
+
+def _read_all(path: str) -> list[dict]:
+    """Every sample of the shards, in order, by Streaming itself (world of one)."""
+    from streaming import StreamingDataset
+
+    ds = StreamingDataset(local=path, shuffle=False, batch_size=1)
+    return [ds[k] for k in range(ds.num_samples)]
+
+
+def test_every_kind_of_column_reads_back_as_written(spark, tmp_path):
+    path = str(tmp_path / "kinds")
+    data = write_mds(_kinds_frame(spark), path, dtype=None)
+    assert data.num_rows == 37 and dict(data.columns)["b"] == "int8"
+    samples = sorted(_read_all(path), key=lambda s: int(s["id"]))
+    assert [int(s["id"]) for s in samples] == list(range(37))
+    for k, s in enumerate(samples):
+        # Signed bytes and shorts keep their sign (Streaming's own converter writes them
+        # unsigned: -1 would come back as 255).
+        assert (int(s["b"]), int(s["s"]), int(s["i"])) == (-1 - k % 100, -30000 + k, 2**31 - 1 - k)
+        assert float(s["d"]) == k / 3 and int(s["flag"]) == (k % 2 == 0)
+        assert s["text"] == f"row {k} ü" and s["blob"] == bytes([k % 256, 255, 0])
+        assert s["vec"].dtype == np.float64 and s["vec"].tolist() == [k * 0.5, -k * 1.0]
+        assert s["ints"].dtype == np.int32 and s["ints"].tolist() == [k, -k, 7]
+    # dtype="float32" (the default, as prepare's): floating columns as models take them.
+    small = write_mds(_kinds_frame(spark), str(tmp_path / "f32"), columns=["d", "vec"])
+    assert dict(small.columns) == {"d": "float32", "vec": "ndarray:float32"}
+    assert _read_all(small.path)[0]["vec"].dtype == np.float32
+
+
+def test_nulls_are_refused_before_anything_is_written(spark, tmp_path):
+    rows = [([1.0, None], 1), ([2.0, 3.0], None), ([4.0, 5.0], 3), (None, 4)]
+    df = spark.createDataFrame(rows, "x array<double>, y long")
+    path = tmp_path / "nulls"
+    with pytest.raises(ValueError, match=r"'x' \(2 rows\), 'y' \(1 rows\).*dropna"):
+        write_mds(df, str(path), features="x", label="y")
+    assert os.listdir(path) == [] and [p.name for p in tmp_path.iterdir()] == ["nulls"]
+
+
+def test_a_type_mds_cannot_hold_is_named_with_the_fix(spark, tmp_path):
+    df = spark.createDataFrame([([[1.0]],)], "nested array<array<double>>")
+    with pytest.raises(ValueError, match=r"column 'nested' is array<array<double>>.*F.flatten"):
+        write_mds(df, str(tmp_path / "nested"))
+
+
+def test_existing_shards_are_kept_unless_overwrite_and_replaced_whole(spark, tmp_path):
+    path = str(tmp_path / "twice")
+    write_mds(spark.range(10).toDF("id"), path)
+    with pytest.raises(ValueError, match="already holds MDS shards: pass overwrite=True"):
+        write_mds(spark.range(20).toDF("id"), path)
+    assert write_mds(spark.range(20).toDF("id"), path, overwrite=True).num_rows == 20
+    assert sorted(int(s["id"]) for s in _read_all(path)) == list(range(20))
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["twice"]  # no old or temporary copy
+
+
+def test_a_write_that_fails_in_a_task_leaves_nothing(spark, tmp_path):
+    from pyspark.sql import functions as F
+
+    @F.udf("double")
+    def breaks_on_7(v):
+        if v == 7:
+            raise ValueError("row 7 is broken")
+        return float(v)
+
+    df = spark.range(20).select(breaks_on_7("id").alias("x"))
+    path = tmp_path / "failed"
+    with pytest.raises(Exception, match="row 7 is broken"):
+        write_mds(df, str(path))
+    assert os.listdir(path) == [] and [p.name for p in tmp_path.iterdir()] == ["failed"]
+
+
+def test_uneven_hosts_are_refused_on_at_least_one_rank_and_even_ones_pass():
+    def refusals(hosts):
+        return [problem(s.rank, s.size, s.local_rank, s.local_size, s.cross_size)
+                for s in assign(hosts)]  # fmt: skip
+
+    assert refusals([("a", 2), ("b", 2)]) == [None] * 4
+    assert refusals([("a", 1), ("b", 1), ("c", 1)]) == [None] * 3
+    for uneven in ([("a", 2), ("b", 1)], [("a", 3), ("b", 1), ("c", 2)], [("a", 1), ("b", 2)]):
+        found = [p for p in refusals(uneven) if p]
+        assert found and "same number of ranks on every host" in found[0], uneven
+
+
+def _epochs(data, batch_size, epochs):
+    """Each epoch's batches on this rank: the ids in each (run inside the job)."""
+    feed = data.batches(batch_size, seed=3)
+    steps = data.steps_per_epoch(batch_size)
+    return [[next(feed)["id"].tolist() for _ in range(steps)] for _ in range(epochs)]
+
+
+def _two_epochs(data, batch_size):
+    from hvdrunner import hvd_torch as hvd
+
+    hvd.init()
+    mine = _epochs(data, batch_size, 2)
+    return hvd.allgather_object(mine)
+
+
+def test_rows_that_do_not_divide_give_every_rank_equal_steps_and_every_row(spark, tmp_path):
+    data = write_mds(spark.range(101).toDF("id").repartition(5), str(tmp_path / "odd"))
+    assert data.steps_per_epoch(8, num_ranks=2) == 7  # 51 samples a rank
+    ranks = HorovodRunner(np=2).run(_two_epochs, data=data, batch_size=8)
+    for epoch in range(2):
+        per_rank = [ranks[r][epoch] for r in range(2)]
+        assert [len(b) for b in per_rank] == [7, 7] and [len(b[-1]) for b in per_rank] == [3, 3]
+        ids = [i for batches in per_rank for batch in batches for i in batch]
+        assert len(ids) == 102 and set(ids) == set(range(101))  # one row read twice
+    assert ranks[0][0] != ranks[0][1]  # reshuffled each epoch
+
+
+def test_a_resumed_epoch_is_the_epoch_an_uninterrupted_run_reads(spark, tmp_path):
+    data = write_mds(spark.range(40).toDF("id"), str(tmp_path / "resume"))
+    whole = _epochs(data, 8, 3)
+    feed = data.batches(8, seed=3, first_epoch=2)
+    assert [next(feed)["id"].tolist() for _ in range(5)] == whole[2]
+    assert whole[0] != whole[2]
+
+
+def _build_mlp():
+    import torch
+
+    return torch.nn.Sequential(torch.nn.Linear(64, 64), torch.nn.ReLU(), torch.nn.Linear(64, 10))
+
+
+def _fit(**kwargs):
+    from hvdrunner.torch import fit
+
+    return fit(**kwargs)
+
+
+def test_torch_fit_trains_from_mds_shards_on_two_ranks(spark, tmp_path):
+    import torch
+
+    x_tr, x_te, y_tr, y_te = digit_data.split()
+    df = spark.createDataFrame(digit_data.frame(x_tr, y_tr))
+    data = write_mds(df, str(tmp_path / "digits"), features="pixels", label="label")
+    ckpt = str(tmp_path / "ckpt")
+    result = HorovodRunner(np=2).run(_fit, build_model=_build_mlp, data=data, epochs=6,
+                                     batch_size=32, loss="cross_entropy", metrics=["accuracy"],
+                                     checkpoint_dir=ckpt, log_model=False, verbose=0)  # fmt: skip
+    assert result.num_ranks == 2 and len(result.history["loss"]) == 6
+    assert result.steps_per_epoch == data.steps_per_epoch(32, num_ranks=2)
+    with open(os.path.join(data.path, "index.json")) as f:
+        assert sum(s["samples"] for s in json.load(f)["shards"]) == len(y_tr)
+    model = _build_mlp()
+    model.load_state_dict(torch.load(os.path.join(ckpt, "epoch-00006", "model.pt")))
+    with torch.no_grad():
+        pred = model(torch.tensor(x_te)).argmax(dim=1).numpy()
+    assert float((pred == y_te).mean()) > 0.9
