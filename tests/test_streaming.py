@@ -186,3 +186,60 @@ def test_torch_fit_trains_from_mds_shards_on_two_ranks(spark, tmp_path):
     with torch.no_grad():
         pred = model(torch.tensor(x_te)).argmax(dim=1).numpy()
     assert float((pred == y_te).mean()) > 0.9
+
+
+def _keras_fit(**kwargs):
+    from hvdrunner.keras import fit
+
+    return fit(**kwargs)
+
+
+def _build_keras():
+    import keras
+
+    return keras.Sequential([keras.Input((64,)), keras.layers.Dense(64, activation="relu"),
+                             keras.layers.Dense(10, activation="softmax")])  # fmt: skip
+
+
+@pytest.mark.keras
+def test_keras_fit_on_tensorflow_trains_from_mds_shards(spark, tmp_path):
+    x_tr, _, y_tr, _ = digit_data.split()
+    df = spark.createDataFrame(digit_data.frame(x_tr, y_tr))
+    data = write_mds(df, str(tmp_path / "digits"), features="pixels", label="label")
+    result = HorovodRunner(np=2).run(_keras_fit, build_model=_build_keras, data=data, epochs=4,
+                                     batch_size=32, log_model=False, verbose=0,
+                                     loss="sparse_categorical_crossentropy",
+                                     metrics=["accuracy"])  # fmt: skip
+    assert result.steps_per_epoch == data.steps_per_epoch(32, num_ranks=2)
+    assert result.history["accuracy"][-1] > 0.85
+
+
+def test_the_python_thread_feed_passes_items_and_the_error_through_and_stops_when_left():
+    from hvdrunner.streaming.handle import in_python_thread
+
+    def broken():
+        yield from range(3)
+        raise OSError("shard 7 unreadable")
+
+    got = []
+    with pytest.raises(OSError, match="shard 7 unreadable"):
+        for item in in_python_thread(broken):
+            got.append(item)
+    assert got == [0, 1, 2]
+    closed = []
+
+    def endless():
+        try:
+            yield from iter(int, 1)
+        finally:
+            closed.append(True)
+
+    feed = in_python_thread(endless)
+    assert [next(feed) for _ in range(5)] == [0] * 5
+    feed.close()  # the consumer leaves: the producer stops and its iterator is closed
+    import time
+
+    deadline = time.monotonic() + 5
+    while not closed and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert closed == [True]

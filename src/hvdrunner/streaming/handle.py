@@ -13,10 +13,13 @@ Example:
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
 import math
-from collections.abc import Iterator
+import queue
+import threading
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -48,6 +51,49 @@ def collate(
         else:
             batch[name] = np.asarray(values)
     return batch if spec is None else apply_transform(spec, batch)
+
+
+def _put(q: queue.Queue[Any], item: Any, stop: threading.Event) -> bool:
+    while not stop.is_set():
+        try:
+            q.put(item, timeout=0.1)
+            return True
+        except queue.Full:
+            continue
+    return False
+
+
+def in_python_thread(make: Callable[[], Iterator[Any]], depth: int = 2) -> Iterator[Any]:
+    """``make()``'s items, produced in a thread Python started.
+
+    Why: the DataLoader forks its workers in the thread that starts an epoch. tf.data runs a
+    generator in a thread TensorFlow started, and a process forked from such a thread fails
+    Python 3.12's ``threading._shutdown`` when it exits: every worker ends with code 1, which
+    the DataLoader reports as a crashed worker in the middle of training.
+    """
+    q: queue.Queue[Any] = queue.Queue(maxsize=depth)
+    stop, end = threading.Event(), object()
+
+    def produce() -> None:
+        try:
+            for item in make():
+                if not _put(q, (True, item), stop):
+                    return  # the consumer left: dropping the iterator ends the loader
+            _put(q, (True, end), stop)
+        except BaseException as exc:  # noqa: BLE001 - raised again in the consumer
+            _put(q, (False, exc), stop)
+
+    threading.Thread(target=produce, name="hvdrunner-streaming-feed", daemon=True).start()
+    try:
+        while True:
+            ok, item = q.get()
+            if not ok:
+                raise item
+            if item is end:
+                return
+            yield item
+    finally:
+        stop.set()
 
 
 @dataclass(frozen=True)
@@ -179,6 +225,28 @@ class MdsData:
                 )
             del it
             epoch += 1
+
+    @contextlib.contextmanager
+    def tf_dataset(
+        self, batch_size: int, *, shuffle: bool = True, seed: int = 0, first_epoch: int = 0,
+        in_memory: bool | None = None, prefetch: int = 2,
+    ) -> Iterator[Any]:  # fmt: skip
+        """The batches of :meth:`batches` as an endless ``tf.data.Dataset`` of ``(x, y)``
+        (what ``hvdrunner.keras.fit`` on TensorFlow reads).
+
+        Example:
+            >>> with data.tf_dataset(64) as ds:  # doctest: +SKIP
+            ...     model.fit(ds, steps_per_epoch=data.steps_per_epoch(64), epochs=5)
+        """
+        from hvdrunner.data import tf_feed
+
+        def feed() -> Iterator[dict[str, Any]]:
+            return in_python_thread(lambda: self.batches(batch_size, shuffle=shuffle, seed=seed,
+                                                         first_epoch=first_epoch))  # fmt: skip
+
+        variable = self.transform.variable_axes() if self.transform is not None else {}
+        ds = tf_feed.generator_dataset(feed, self.structure, partial=True, variable=variable)
+        yield ds.prefetch(prefetch)
 
     def structure(self, batch: dict[str, Any]) -> Any:
         """A batch as the model is fed: ``x`` or ``(x, label)``, where ``x`` is the one
