@@ -81,6 +81,29 @@ def test_an_ipynb_is_rewritten_cell_by_cell_and_stays_a_notebook(notebooks):
     assert code[0].splitlines()[1] == "from hvdrunner.petastorm import TransformSpec"
     assert nb["cells"][0]["source"][0] == "# Petastorm + HorovodRunner: flowers\n"  # markdown kept
     assert report.manual == []  # everything this notebook uses has a drop-in
+    # ... and each petastorm call is named with its Mosaic Streaming equivalent beside it.
+    hints = {(f.cell, f.what.split(" (")[0]): f for f in report.hints}
+    assert set(hints) == {(2, "petastorm's make_spark_converter"),
+                          (3, "petastorm's make_tf_dataset")}  # fmt: skip
+    assert (
+        "hvdrunner.streaming.write_mds(df, '/Volumes/"
+        in hints[2, "petastorm's make_spark_converter"].fix
+    )
+
+
+def test_every_streaming_equivalent_migrate_names_exists():
+    """The hints name real API: a rename in hvdrunner.streaming must change them too."""
+    import re
+
+    from hvdrunner.migrate import rules
+    from hvdrunner.streaming import MdsData, write_mds
+
+    named = set()
+    for rule in rules.STREAMING:
+        named |= set(re.findall(r"\bdata\.(\w+)\(", rule.fix))
+        assert "hvdrunner.streaming.write_mds(" in rule.fix or "data." in rule.fix, rule.what
+    assert named and all(callable(getattr(MdsData, n, None)) for n in named), named
+    assert callable(write_mds)
 
 
 def test_a_dry_run_changes_nothing_and_write_applies_it_once(notebooks):
@@ -89,6 +112,10 @@ def test_a_dry_run_changes_nothing_and_write_applies_it_once(notebooks):
     assert dry.returncode == 0, dry.stderr
     assert "+from hvdrunner import HorovodRunner" in dry.stdout
     assert "needs a hand: Horovod elastic" in dry.stdout
+    assert (
+        "Mosaic Streaming instead (optional; the drop-in keeps working): petastorm's make_tf_dataset"
+        in dry.stdout
+    )
     assert "3 notebook(s); would rewrite (dry run; --write applies) 3;" in dry.stdout
     assert {p.name: p.read_bytes() for p in notebooks.iterdir()} == before
     wrote = _cli(str(notebooks), "--write")

@@ -37,6 +37,7 @@ class Report:
     text: str
     rewritten: list[tuple[int, str]] = field(default_factory=list)  # (line, why)
     manual: list[Finding] = field(default_factory=list)
+    hints: list[Finding] = field(default_factory=list)  # petastorm -> Mosaic Streaming
     notes: list[str] = field(default_factory=list)
 
     def diff(self, before: str) -> str:
@@ -71,6 +72,7 @@ def migrate_text(text: str, path: str) -> Report:
         done = migrate_cell(cell)
         report.rewritten += [(offset + n, why) for n, why in done.rewritten]
         report.manual += [Finding(offset + f.line, f.text, f.what, f.fix) for f in done.manual]
+        report.hints += [Finding(offset + f.line, f.text, f.what, f.fix) for f in done.hints]
         out += done.lines
         if line is not None:
             out.append(line)
@@ -94,6 +96,7 @@ def migrate_ipynb(text: str, path: str) -> Report:
         joined = "".join(source) if isinstance(source, list) else str(source)
         done = migrate_cell(joined.splitlines(True))
         report.manual += [Finding(f.line, f.text, f.what, f.fix, number) for f in done.manual]
+        report.hints += [Finding(f.line, f.text, f.what, f.fix, number) for f in done.hints]
         if done.rewritten:
             report.rewritten += done.rewritten
             new = "".join(done.lines)

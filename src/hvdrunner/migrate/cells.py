@@ -45,6 +45,7 @@ class CellResult:
     lines: list[str]
     rewritten: list[tuple[int, str]] = field(default_factory=list)
     manual: list[Finding] = field(default_factory=list)
+    hints: list[Finding] = field(default_factory=list)  # petastorm -> Mosaic Streaming
 
 
 def migrate_cell(lines: list[str]) -> CellResult:
@@ -75,6 +76,10 @@ def migrate_cell(lines: list[str]) -> CellResult:
                 _report(out, reported, i, rule.what, rule.fix)
                 break
     out.manual.sort(key=lambda f: f.line)
+    for i, line in enumerate(lines):
+        hint = next((r for r in rules.STREAMING if not magic[i] and r.pattern.search(line)), None)
+        if hint is not None:
+            out.hints.append(Finding(i + 1, line.strip(), hint.what, hint.fix))
     return out
 
 

@@ -136,7 +136,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             planned.append(plan(path, args.write))
         except ValueError as exc:
             failed.append(f"{path}: {exc}")
-    changed = hand = 0
+    changed = hand = hints = 0
     for p in planned:
         if p.report.rewritten:
             changed += 1
@@ -146,6 +146,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         for f in p.report.manual:
             hand += 1
             say(f"{_where(p.path, f)}: needs a hand: {f.what}: `{f.text}`\n    fix: {f.fix}")
+        for f in p.report.hints:
+            hints += 1
+            say(f"{_where(p.path, f)}: Mosaic Streaming instead (optional; the drop-in keeps "
+                f"working): {f.what}: `{f.text}`\n    streaming: {f.fix}")  # fmt: skip
     for line in failed:
         say(f"ERROR: {line}", err=True)
     if failed and args.write:
@@ -158,5 +162,6 @@ def main(argv: Sequence[str] | None = None) -> int:
                 write(p.path, p.report.text)
     verb = "rewrote" if args.write else "would rewrite (dry run; --write applies)"
     say(f"hvdrunner migrate: {len(files)} notebook(s); {verb} {changed}; {hand} line(s) need a "
-        f"hand" + (f"; {len(failed)} could not be read" if failed else ""))  # fmt: skip
+        f"hand; {hints} with a Mosaic Streaming equivalent"
+        + (f"; {len(failed)} could not be read" if failed else ""))  # fmt: skip
     return 1 if failed else 0

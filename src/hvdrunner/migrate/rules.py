@@ -181,3 +181,41 @@ MANUAL: tuple[Rule, ...] = (
         "hvdrunner runs Horovod over gloo only (no MPI): remove the MPI-specific code",
     ),  # fmt: skip
 )
+
+
+_MDS = "hvdrunner.streaming.write_mds(df, '/Volumes/<catalog>/<schema>/<volume>/<name>', features=..., label=...)"
+
+#: petastorm's uses, each with its Mosaic Streaming equivalent (Databricks' successor to
+#: petastorm): reported beside the drop-in, which keeps working; never rewritten.
+STREAMING: tuple[Rule, ...] = (
+    _rule(
+        r"\bmake_spark_converter\s*\(",
+        "petastorm's make_spark_converter (a DataFrame cached as Parquet)",
+        f"{_MDS}: the DataFrame as MDS shards in a volume (Streaming's own converter is "
+        "streaming.base.converters.dataframe_to_mds)",
+    ),  # fmt: skip
+    _rule(
+        r"\.make_torch_dataloader\s*\(",
+        "petastorm's make_torch_dataloader",
+        "pass the MdsData to hvdrunner.torch.fit(data=...), or for a loop of your own "
+        "data.batches(batch_size) (equal steps on every rank) or "
+        "streaming.StreamingDataLoader(data.dataset(batch_size), batch_size=batch_size)",
+    ),  # fmt: skip
+    _rule(
+        r"\.make_tf_dataset\s*\(",
+        "petastorm's make_tf_dataset",
+        "pass the MdsData to hvdrunner.keras.fit(data=...), or `with data.tf_dataset(batch_size) "
+        "as ds:` (the same batches as tf.data)",
+    ),  # fmt: skip
+    _rule(
+        r"\bTransformSpec\s*\(",
+        "petastorm's TransformSpec (decoding on the ranks)",
+        "data.transformed(TransformSpec(...), features=..., label=...) on the MdsData: the same "
+        "TransformSpec, run in each rank's DataLoader worker processes",
+    ),  # fmt: skip
+    _rule(
+        r"\b(?:make_batch_reader|make_reader)\s*\(",
+        "petastorm's readers",
+        f"{_MDS}, then data.dataset(batch_size): a streaming.StreamingDataset over the shards",
+    ),  # fmt: skip
+)
