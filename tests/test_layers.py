@@ -176,6 +176,10 @@ FRAMEWORK_HOMES = {
     "hvdrunner.data.tf_feed",
     # petastorm's make_tf_dataset, the TensorFlow half of its converter API.
     "hvdrunner.petastorm.tf_dataset",
+    # Mosaic Streaming is a torch IterableDataset whose ranks meet through torch.distributed:
+    # its feed is torch's DataLoader (imported inside functions, on ranks reading MDS shards).
+    "hvdrunner.streaming.handle",
+    "hvdrunner.streaming.world",
 }
 FRAMEWORKS = ("tensorflow", "torch", "keras", "tf_keras", "horovod.tensorflow", "horovod.torch",
               "horovod.keras", "horovod._keras")  # fmt: skip

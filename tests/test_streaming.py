@@ -6,6 +6,7 @@ ships mosaicml-streaming 0.13.0 as 18 LTS ML does."""
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 
@@ -243,3 +244,57 @@ def test_the_python_thread_feed_passes_items_and_the_error_through_and_stops_whe
     while not closed and time.monotonic() < deadline:
         time.sleep(0.05)
     assert closed == [True]
+
+
+def test_the_image_recipe_trains_from_mds_shards_decoded_in_the_loader_workers(spark, tmp_path):
+    """Databricks' flowers recipe with Streaming as the feed: JPEG bytes written as MDS
+    shards, decoded by the recipe's TransformSpec in each rank's DataLoader workers."""
+    import hvdrunner.torch
+    from hvdrunner.examples.images import decode_spec
+    from test_image_recipes import flat_model, flowers
+
+    train, _ = flowers(spark, tmp_path / "flowers")
+    shards = write_mds(train, str(tmp_path / "flowers-mds"), columns=["content", "label_index"])
+    assert dict(shards.columns) == {"content": "bytes", "label_index": "float32"}
+    data = shards.transformed(decode_spec(32), "features", "label_index")
+    result = HorovodRunner(np=2).run(
+        hvdrunner.torch.fit, build_model=flat_model, data=data, epochs=4, batch_size=16,
+        learning_rate=0.003, loss="cross_entropy", metrics=["accuracy"], log_model=False,
+    )  # fmt: skip
+    assert result.history["accuracy"][-1] > 0.9
+
+
+def _streaming_shm() -> set[str]:
+    import glob
+
+    return set(glob.glob("/dev/shm/[0-9][0-9][0-9][0-9][0-9][0-9]_*"))
+
+
+def test_a_killed_rank_restarts_at_its_epoch_and_ends_as_an_undisturbed_run(spark, tmp_path):
+    """rank 1 SIGKILLed in epoch 3 (after epoch 2's checkpoint); with max_restarts=1 the job
+    resumes at epoch 3 and ends with the weights of a run that was never killed: Streaming
+    reads epoch 3 in the order the first attempt would have. No shared memory is left."""
+    import torch
+
+    from test_torch_fit import KillRank1InEpoch3
+
+    before = _streaming_shm()
+    x_tr, _, y_tr, _ = digit_data.split()
+    data = write_mds(spark.createDataFrame(digit_data.frame(x_tr, y_tr)),
+                     str(tmp_path / "digits"), features="pixels", label="label")  # fmt: skip
+    steps = data.steps_per_epoch(32, num_ranks=2)
+    runs = {}
+    open(tmp_path / "flag-set", "w").close()
+    for name, flag in (("undisturbed", "flag-set"), ("killed", "flag-kill")):
+        build = functools.partial(KillRank1InEpoch3, str(tmp_path / flag), steps)
+        ckpt = str(tmp_path / f"ckpt-{name}")
+        result = HorovodRunner(np=2, max_restarts=1).run(
+            _fit, build_model=build, data=data, epochs=4, batch_size=32, loss="cross_entropy",
+            checkpoint_dir=ckpt, log_model=False, verbose=0,
+        )  # fmt: skip
+        runs[name] = (result, torch.load(os.path.join(ckpt, "epoch-00004", "model.pt")))
+    assert os.path.exists(tmp_path / "flag-kill")  # the fault happened
+    assert runs["killed"][0].initial_epoch == 2 and runs["undisturbed"][0].initial_epoch == 0
+    for key, want in runs["undisturbed"][1].items():
+        torch.testing.assert_close(runs["killed"][1][key], want, rtol=0, atol=1e-6)
+    assert _streaming_shm() <= before  # the killed rank's too

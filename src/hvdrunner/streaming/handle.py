@@ -17,12 +17,15 @@ import contextlib
 import dataclasses
 import functools
 import math
+import os
 import queue
+import tempfile
 import threading
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
+from hvdrunner import _leftovers as leftovers
 from hvdrunner._checks import is_int
 from hvdrunner.data.transform import TransformSpec
 from hvdrunner.data.transform import apply as apply_transform
@@ -94,6 +97,17 @@ def in_python_thread(make: Callable[[], Iterator[Any]], depth: int = 2) -> Itera
             yield item
     finally:
         stop.set()
+
+
+def _release_at_rank_end(ds: Any) -> None:
+    """The dataset's shared memory and file locks on this host (Streaming names them by the
+    prefix it registered), removed when the rank ends: a rank leaves with ``os._exit`` or is
+    killed, so Streaming's own cleanup at exit never runs (hvdrunner._leftovers)."""
+    prefix = f"{int(ds._shm_prefix_int):06}"
+    shm = "/dev/shm"
+    leftovers.record(os.path.join(shm, f"{prefix}_locals"),
+                     [os.path.join(shm, f"{prefix}_*"),
+                      os.path.join(tempfile.gettempdir(), f"{prefix}_*")])  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -179,8 +193,10 @@ class MdsData:
         from streaming import StreamingDataset
 
         options.setdefault("num_canonical_nodes", world.nodes())
-        return StreamingDataset(local=self.path, batch_size=batch_size, shuffle=shuffle,
-                                shuffle_seed=seed, **options)  # fmt: skip
+        ds = StreamingDataset(local=self.path, batch_size=batch_size, shuffle=shuffle,
+                              shuffle_seed=seed, **options)  # fmt: skip
+        _release_at_rank_end(ds)
+        return ds
 
     def loader(
         self, batch_size: int, *, shuffle: bool = True, seed: int = 0, first_epoch: int = 0

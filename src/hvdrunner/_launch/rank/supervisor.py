@@ -20,6 +20,7 @@ from typing import IO
 
 import psutil
 
+from hvdrunner import _leftovers as leftovers
 from hvdrunner._console import say
 from hvdrunner._launch import protocol
 from hvdrunner._launch.commits import COMMIT_FILE_ENV
@@ -210,6 +211,7 @@ class RankSupervisor:
             pumps = self._pump(proc, control)
             code = proc.wait()
             self._reap(proc, pumps)
+            leftovers.remove(tmp)  # however the rank ended (a killed one cleaned up nothing)
         with self._tail_lock:
             tail = list(self._tail)
         report = protocol.ExitReport(
@@ -235,6 +237,7 @@ class RankSupervisor:
                 f.write(self._commit)
             env[COMMIT_FILE_ENV] = commit_path
         env[CONTROL_FD_ENV] = str(write_fd)
+        env[leftovers.RANK_DIR_ENV] = tmp
         env["PYTHONUNBUFFERED"] = "1"
         try:
             self._proc = subprocess.Popen(
