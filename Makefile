@@ -115,6 +115,7 @@ ifeq ($(STACK),18)
 	$(PY) benchmarks/tf_distribute_comparison.py  # Keras: fit (engine, compiled), the recipe, MirroredStrategyRunner
 	$(PY) benchmarks/tf_engine_latency.py        # one small allreduce in tf.function: the engine vs the compiled op
 	$(PY) benchmarks/ring_model.py --hosts 3  # needs root: 4..32 hosts on paper, checked on 3 netns hosts
+	$(PY) benchmarks/streaming_feed.py  # images/s per rank: hvdrunner's feed vs Mosaic Streaming vs the drop-in
 endif
 endif
 

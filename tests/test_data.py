@@ -9,9 +9,8 @@ import numpy as np
 import pytest
 
 from hvdrunner import HorovodRunner, HorovodRunnerError
-from hvdrunner._paths import resolve
+from hvdrunner._paths import for_ranks, resolve
 from hvdrunner.data import prepare
-from hvdrunner.data.prepare import _check_location
 
 # Spark writes the shards, pyarrow reads them: both differ between the TF stacks
 # (Spark 3.5 + pyarrow 14 on lts, Spark 4.1 + pyarrow 22 on 18; tests/conftest.py).
@@ -201,8 +200,8 @@ def test_unusable_cache_dirs(spark, tmp_path):
     with pytest.raises(ValueError, match="scheme s3:// is not readable"):
         prepare(_numbered(spark, 10), features="x", cache_dir="s3://bucket/cache_dir")
     # A multi-node master with a node-local directory: ranks elsewhere would not see it.
-    with pytest.raises(ValueError, match="local to each machine"):
-        _check_location(str(tmp_path), "spark://10.0.0.1:7077")
+    with pytest.raises(ValueError, match="cache_dir=.* looks local to each machine"):
+        for_ranks(str(tmp_path), "spark://10.0.0.1:7077", False, "cache_dir")
     assert resolve("/dbfs/tmp/x").shared  # accepted on a cluster (resolve writes nothing)
 
 

@@ -143,9 +143,9 @@ def test_a_rank_that_cannot_see_the_files_fails_fast_naming_the_path(spark, tmp_
 
 
 def test_shared_opt_in_for_non_databricks_clusters(spark, tmp_path):
-    from hvdrunner.data.prepare import _check_location
+    from hvdrunner._paths import for_ranks
 
     with pytest.raises(ValueError, match="shared=True"):
-        _check_location(str(tmp_path), "spark://10.0.0.1:7077")
-    loc = _check_location(str(tmp_path), "spark://10.0.0.1:7077", shared=True)
+        for_ranks(str(tmp_path), "spark://10.0.0.1:7077", False, "cache_dir")
+    loc = for_ranks(str(tmp_path), "spark://10.0.0.1:7077", True, "cache_dir")
     assert loc.local_path == str(tmp_path)

@@ -212,7 +212,9 @@ class MdsData:
                 "num_canonical_nodes": world.nodes(), "initial_physical_nodes": world.nodes(),
             })  # fmt: skip
         fn = functools.partial(collate, columns=self.columns, spec=self.transform)
-        return DataLoader(ds, batch_size=batch_size, num_workers=self.workers, collate_fn=fn)
+        # Persistent workers: an epoch starts without forking and importing them again.
+        return DataLoader(ds, batch_size=batch_size, num_workers=self.workers, collate_fn=fn,
+                          persistent_workers=self.workers > 0)  # fmt: skip
 
     def batches(
         self, batch_size: int, *, shuffle: bool = True, seed: int = 0, first_epoch: int = 0,
