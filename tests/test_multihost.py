@@ -108,7 +108,7 @@ MODES = [pytest.param("resolving", marks=pytest.mark.stacks("15.4")),
 #: mode on lts is also the compiled horovod across hosts). A lost host, a cache one host
 #: cannot see and fit's arithmetic are the launcher's and the feed's, whatever the names
 #: resolve to: those scenarios run in one mode (ONE_MODE), the harder one.
-ONE_MODE_SCENARIOS = ("fit", "hidden_cache", "host_lost", "link_cut")
+ONE_MODE_SCENARIOS = ("fit", "hidden_cache", "host_lost", "link_cut", "streaming")
 ONE_MODE = [MODES[1]]
 
 
@@ -257,6 +257,23 @@ def _leftovers(prefix: str, pids: list[int]) -> list[str]:
              and "zombie" not in Path(f"/proc/{p}/status").read_text().lower()]  # fmt: skip
     return ([n for n in names.split() if n.startswith(prefix)]
             + [w for w in links.split() if w.startswith(prefix)] + alive)  # fmt: skip
+
+
+@pytest.mark.timeout(900)
+@pytest.mark.parametrize("job", ONE_MODE, indirect=True)
+def test_streaming_on_two_hosts_sees_the_world_and_refuses_uneven_hosts(job):
+    """Mosaic Streaming across hosts (each with its own /dev/shm, as machines have): every
+    rank the same steps, every row read each epoch, one shared-memory registration per host;
+    3 ranks on 2 hosts refused before Streaming would misread them."""
+    out = value(job, "streaming")
+    ranks = out["even"]
+    assert len({r["where"]["netns"] for r in ranks}) == 2
+    assert [r["steps"] for r in ranks] == [7] * 4  # ceil(ceil(203 / 4) / 8)
+    for epoch in range(2):
+        ids = [i for r in ranks for i in r["ids"][epoch]]
+        assert len(ids) == 4 * 51 and set(ids) == set(range(203))
+    assert all(len(r["shm"]) == 1 for r in ranks)  # its host's own
+    assert "same number of ranks on every host" in out["uneven"], out["uneven"]
 
 
 @pytest.mark.timeout(300)

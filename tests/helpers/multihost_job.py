@@ -42,7 +42,16 @@ import pandas as pd
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from netns_cluster import NetnsCluster, unavailable  # noqa: E402
 
-SCENARIOS = ("collectives", "recipe", "fit", "unpatched", "hidden_cache", "host_lost", "link_cut")
+SCENARIOS = (
+    "collectives",
+    "recipe",
+    "fit",
+    "unpatched",
+    "hidden_cache",
+    "host_lost",
+    "link_cut",
+    "streaming",
+)
 #: host_timeout of the lost-host jobs (the default is 30 s): a cut link closes nothing, so
 #: silence for this long is how its loss is detected.
 HOST_TIMEOUT_S = 8.0
@@ -199,6 +208,20 @@ def fit_slowly_after_epoch2(marker: str, **kwargs: Any) -> Any:
 
 
 # -- scenarios (driver side) ---------------------------------------------------------------
+def streaming_epochs(data: Any) -> Any:
+    """Two epochs of Mosaic Streaming shards on this rank: its place, steps, ids and the
+    Streaming shared memory its host holds."""
+    import glob
+
+    import hvdrunner.hvd_torch as hvd
+
+    hvd.init()
+    feed, steps = data.batches(8, seed=1), data.steps_per_epoch(8)
+    ids = [[int(i) for _ in range(steps) for i in next(feed)["id"]] for _ in range(2)]
+    shm = sorted(os.path.basename(p) for p in glob.glob("/dev/shm/[0-9]*_locals"))
+    return hvd.allgather_object({"where": where_am_i(), "steps": steps, "ids": ids, "shm": shm})
+
+
 class Job:
     def __init__(self, cluster: NetnsCluster, spark: Any) -> None:
         self.cluster = cluster
@@ -235,6 +258,21 @@ class Job:
             fit_and_weights, data=self.prepare(pd.DataFrame({"x": x[order].tolist(), "y": y[order]}), "x", "y", "one"),
             batch_size=r * b, learning_rate=0.01 * r, **common)  # fmt: skip
         return {"four": four, "one": one}
+
+    def streaming(self) -> Any:
+        """Streaming on 2 hosts x 2 ranks (rows that do not divide), then 3 ranks (2 + 1)."""
+        from hvdrunner import HorovodRunner
+        from hvdrunner.streaming import write_mds
+
+        data = write_mds(self.spark.range(203).toDF("id").repartition(4),
+                         str(self.shared / "mds"), shared=True)  # fmt: skip
+        even = HorovodRunner(np=4, start_timeout=120).run(streaming_epochs, data=data)
+        try:
+            HorovodRunner(np=3, start_timeout=120).run(streaming_epochs, data=data)
+            uneven = "no error"
+        except Exception as exc:  # noqa: BLE001 - what the user is told is the result
+            uneven = str(exc)
+        return {"even": even, "uneven": uneven}
 
     def torch_recipe(self) -> Any:
         from hvdrunner import HorovodRunner

@@ -287,10 +287,13 @@ class NetnsCluster:
         os.makedirs(wdir, exist_ok=True)
         env = dict(os.environ, SPARK_LOCAL_IP=h.addr, SPARK_WORKER_DIR=wdir, SPARK_LOG_DIR=wdir)
         log = open(os.path.join(self.work, f"worker{i}.log"), "ab")  # noqa: SIM115
-        # One pid all the way: ip netns exec -> unshare -> sh -> spark-class -> java.
+        # One pid all the way: ip netns exec -> unshare -> sh -> spark-class -> java. The
+        # host's own /dev/shm, as two machines have (ip netns exec gives the worker a mount
+        # namespace of its own): shared memory one host makes is not another's.
         h.worker = subprocess.Popen(
             ["ip", "netns", "exec", h.ns, "unshare", "--uts", "--", "sh", "-c",
-             'hostname "$0" && exec "$@"', h.name, self.spark_class(),
+             'hostname "$0" && mount -t tmpfs -o size=512m hvdrunner-shm /dev/shm && exec "$@"',
+             h.name, self.spark_class(),
              "org.apache.spark.deploy.worker.Worker", "--host", h.addr, "--cores",
              str(self.cores), "--memory", self.memory, "--webui-port", "0", self.master_url],
             env=env, stdout=log, stderr=log, preexec_fn=_die_with_parent)  # fmt: skip
