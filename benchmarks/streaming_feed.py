@@ -13,7 +13,8 @@ epochs of their shards, decoding each image with PIL, resizing it to 64x64 and s
   (Streaming's ``StreamingDataset`` under a DataLoader; decode in its worker processes);
 - ``StreamingDataset (Streaming's way)``: the same shards, a ``StreamingDataset`` subclass
   decoding each sample in ``get_item``, a torch ``DataLoader`` with its default collate;
-- ``petastorm drop-in``: ``make_spark_converter(df).make_torch_dataloader(...)``.
+- ``petastorm drop-in``: ``make_spark_converter(df).make_torch_dataloader(...)``;
+- real petastorm, the same calls, where it imports (the 15.4 replica: 0.12.1).
 
 Images/s per rank over 10 epochs after the first batch (rank 0 and rank 1 both reported),
 medians of the reps; and, for the two feeds ``hvdrunner.torch.fit`` takes, the wall time of a
@@ -21,11 +22,13 @@ whole 3-epoch image recipe job (a linear model on the decoded pixels). Results i
 benchmarks/results/streaming_feed-<stack>.json.
 
     STACK=18 .venv-18/bin/python benchmarks/streaming_feed.py [--reps 3 --workers 2]
+    STACK=15.4 .venv-15.4/bin/python benchmarks/streaming_feed.py   # with real petastorm
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import io
 import statistics
 import tempfile
@@ -72,12 +75,15 @@ def read_rate(kind: str, data: Any, workers: int) -> list[float]:
     import hvdrunner.hvd_torch as hvd
 
     hvd.init()
-    rows = data.num_rows if kind != "petastorm drop-in" else len(data)
+    rows = len(data) if kind.startswith("petastorm") else data.num_rows
     steps = READ_EPOCHS * (-(-rows // hvd.size()) // BATCH)
     if kind in ("hvdrunner feed", "hvdrunner.streaming"):
         rate = _timed(data.batches(BATCH, seed=0), steps)
-    elif kind == "petastorm drop-in":
-        from hvdrunner.petastorm import TransformSpec
+    elif kind.startswith("petastorm"):
+        if kind == "petastorm drop-in":
+            from hvdrunner.petastorm import TransformSpec
+        else:
+            from petastorm import TransformSpec
 
         with data.make_torch_dataloader(batch_size=BATCH, workers_count=workers,
                                         transform_spec=spec(TransformSpec),
@@ -157,6 +163,11 @@ def main() -> None:
         "StreamingDataset (Streaming's way)": mds,
         "petastorm drop-in": drop_in.make_spark_converter(df),
     }  # fmt: skip
+    if importlib.util.find_spec("petastorm") is not None:  # the 15.4 replica
+        import petastorm
+        import petastorm.spark
+
+        feeds[f"petastorm {petastorm.__version__}"] = petastorm.spark.make_spark_converter(df)
     rates: dict[str, list[list[float]]] = {name: [] for name in feeds}
     jobs: dict[str, list[float]] = {name: [] for name in list(feeds)[:2]}
     for rep in range(args.reps):  # interleaved: the machine's drift hits every feed alike
@@ -172,7 +183,7 @@ def main() -> None:
             jobs[name].append(round(time.perf_counter() - start, 2))
             print(f"rep {rep} {name}: fit job {jobs[name][-1]} s", flush=True)
     out = {
-        "what": f"images/s per rank of 4 feeds of one table of {SOURCE}x{SOURCE} JPEG bytes "
+        "what": f"images/s per rank of {len(feeds)} feeds of one table of {SOURCE}x{SOURCE} JPEG bytes "
         f"(500 images, binaryFile), both ranks of HorovodRunner(np=2) on local[2], each "
         f"decoding with PIL to {SIZE}x{SIZE}/255, batch {BATCH}, {args.workers} workers; over "
         f"{READ_EPOCHS} epochs after the first batch; medians of {args.reps} interleaved reps "
@@ -198,7 +209,9 @@ def main() -> None:
     out["hvdrunner_feed_vs"] = {n: round(mean["hvdrunner feed"] / v, 3) for n, v in mean.items()
                                 if n != "hvdrunner feed"}  # fmt: skip
     save(RESULTS / f"streaming_feed-{stack()}.json", out)
-    feeds["petastorm drop-in"].delete()
+    for name, feed in feeds.items():
+        if name.startswith("petastorm"):
+            feed.delete()
     spark.stop()
 
 

@@ -20,7 +20,7 @@ from hvdrunner._launch.assignments import assign
 from hvdrunner.streaming import write_mds
 from hvdrunner.streaming.world import problem
 
-pytestmark = [pytest.mark.torch, pytest.mark.streaming, pytest.mark.stacks("18")]
+pytestmark = [pytest.mark.torch, pytest.mark.streaming, pytest.mark.stacks("18", "15.4")]
 
 
 def _kinds_frame(spark):
