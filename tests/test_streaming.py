@@ -137,16 +137,39 @@ def _two_epochs(data, batch_size):
     return hvd.allgather_object(mine)
 
 
-def test_rows_that_do_not_divide_give_every_rank_equal_steps_and_every_row(spark, tmp_path):
+@pytest.mark.parametrize("np_", [2, -2], ids=["spark-tasks", "driver-processes"])
+def test_rows_that_do_not_divide_give_every_rank_equal_steps_and_every_row(spark, tmp_path, np_):
     data = write_mds(spark.range(101).toDF("id").repartition(5), str(tmp_path / "odd"))
     assert data.steps_per_epoch(8, num_ranks=2) == 7  # 51 samples a rank
-    ranks = HorovodRunner(np=2).run(_two_epochs, data=data, batch_size=8)
+    ranks = HorovodRunner(np=np_).run(_two_epochs, data=data, batch_size=8)
     for epoch in range(2):
         per_rank = [ranks[r][epoch] for r in range(2)]
         assert [len(b) for b in per_rank] == [7, 7] and [len(b[-1]) for b in per_rank] == [3, 3]
         ids = [i for batches in per_rank for batch in batches for i in batch]
         assert len(ids) == 102 and set(ids) == set(range(101))  # one row read twice
     assert ranks[0][0] != ranks[0][1]  # reshuffled each epoch
+
+
+def _resumed_mid_epoch(data, batch_size):
+    """Three epochs whole, then a feed resumed at epoch 1's step 3 (as from an elastic
+    state's committed epoch and batch) read to the end of epoch 2: both, per rank."""
+    from hvdrunner import hvd_torch as hvd
+
+    hvd.init()
+    whole = _epochs(data, batch_size, 3)
+    feed = data.batches(batch_size, seed=3, first_epoch=1, first_step=3)
+    steps = data.steps_per_epoch(batch_size)
+    resumed = [next(feed)["id"].tolist() for _ in range(steps - 3 + steps)]
+    return hvd.allgather_object((whole, resumed))
+
+
+def test_a_feed_resumed_mid_epoch_reads_the_rest_of_that_epoch_on_every_rank(spark, tmp_path):
+    data = write_mds(spark.range(90).toDF("id"), str(tmp_path / "mid"))
+    for whole, resumed in HorovodRunner(np=-2).run(_resumed_mid_epoch, data=data, batch_size=8):
+        assert len(whole[1]) == 6 and resumed[:3] == whole[1][3:]  # 45 samples a rank
+        assert resumed[3:] == whole[2] != whole[1]  # then epoch 2, as it was
+    with pytest.raises(ValueError, match=r"first_step=12 must be an int in \[0, 12\)"):
+        next(data.batches(8, first_step=12))  # 90 samples, one rank here
 
 
 def test_a_resumed_epoch_is_the_epoch_an_uninterrupted_run_reads(spark, tmp_path):

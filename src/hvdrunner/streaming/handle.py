@@ -199,17 +199,21 @@ class MdsData:
         return ds
 
     def loader(
-        self, batch_size: int, *, shuffle: bool = True, seed: int = 0, first_epoch: int = 0
-    ) -> Any:
+        self, batch_size: int, *, shuffle: bool = True, seed: int = 0, first_epoch: int = 0,
+        first_step: int = 0,
+    ) -> Any:  # fmt: skip
         """A ``DataLoader`` of ``{column: numpy array}`` batches (transformed), starting at
-        epoch ``first_epoch`` of the seeded order; each pass over it is the next epoch."""
+        step ``first_step`` of epoch ``first_epoch`` of the seeded order; each pass over it is
+        the next epoch."""
         from torch.utils.data import DataLoader
 
         ds = self.dataset(batch_size, shuffle=shuffle, seed=seed)
-        if first_epoch:
+        if first_epoch or first_step:
+            # Streaming counts the samples every rank has consumed, not this rank's.
             ds.load_state_dict({
-                "epoch": first_epoch, "sample_in_epoch": 0, "shuffle_seed": seed,
-                "num_canonical_nodes": world.nodes(), "initial_physical_nodes": world.nodes(),
+                "epoch": first_epoch, "sample_in_epoch": first_step * batch_size * size(),
+                "shuffle_seed": seed, "num_canonical_nodes": world.nodes(),
+                "initial_physical_nodes": world.nodes(),
             })  # fmt: skip
         fn = functools.partial(collate, columns=self.columns, spec=self.transform)
         # Persistent workers: an epoch starts without forking and importing them again.
@@ -218,31 +222,41 @@ class MdsData:
 
     def batches(
         self, batch_size: int, *, shuffle: bool = True, seed: int = 0, first_epoch: int = 0,
-        in_memory: bool | None = None,
+        first_step: int = 0, in_memory: bool | None = None,
     ) -> Iterator[dict[str, Any]]:  # fmt: skip
         """Endless ``{column: numpy array}`` batches, :meth:`steps_per_epoch` an epoch on every
-        rank (checked: another count raises instead of leaving a rank behind). ``in_memory``
-        is accepted for ``fit`` and ignored: Streaming reads from its shards."""
+        rank (checked: another count raises instead of leaving a rank behind). ``first_epoch``
+        and ``first_step`` resume mid-epoch where a run stopped (Streaming skips what the ranks
+        had read), e.g. from a Horovod elastic state's committed epoch and batch. ``in_memory``
+        is accepted for ``fit`` and ignored: Streaming reads from its shards.
+
+        Example:
+            >>> feed = data.batches(64, first_epoch=state.epoch, first_step=state.batch)  # doctest: +SKIP
+        """
         del in_memory
         steps = self.steps_per_epoch(batch_size)
-        loader = self.loader(batch_size, shuffle=shuffle, seed=seed, first_epoch=first_epoch)
-        epoch = first_epoch
+        if not is_int(first_step, at_least=0) or first_step >= steps:
+            raise ValueError(f"first_step={first_step!r} must be an int in [0, {steps}): the "
+                             f"steps of an epoch at batch_size={batch_size}")  # fmt: skip
+        loader = self.loader(batch_size, shuffle=shuffle, seed=seed, first_epoch=first_epoch,
+                             first_step=first_step)  # fmt: skip
+        epoch, want = first_epoch, steps - first_step
         while True:
             it, got = iter(loader), 0
             for batch in it:
                 got += 1
-                if got > steps:
+                if got > want:
                     break
                 yield batch
-            if got != steps:
+            if got != want:
                 raise RuntimeError(
-                    f"rank {rank()}: Mosaic Streaming gave {'more than ' if got > steps else ''}"
-                    f"{got} batches in epoch {epoch}, where every rank must run {steps} "
-                    f"({self.num_rows} rows, {size()} ranks, batch_size={batch_size}): the "
-                    f"ranks would fall out of step. Were the shards at {self.path} changed?"
+                    f"rank {rank()}: Mosaic Streaming gave {'more than ' if got > want else ''}"
+                    f"{min(got, want)} batches in epoch {epoch}, where every rank must run "
+                    f"{want} ({self.num_rows} rows, {size()} ranks, batch_size={batch_size}): "
+                    f"the ranks would fall out of step. Were the shards at {self.path} changed?"
                 )
             del it
-            epoch += 1
+            epoch, want = epoch + 1, steps
 
     @contextlib.contextmanager
     def tf_dataset(
