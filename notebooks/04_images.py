@@ -4,7 +4,8 @@
 # MAGIC Opened by hand: install hvdrunner first (the next cell says how, docs/install.md).
 # MAGIC Databricks' image recipe end to end: image files (`<class>/<image>.jpg`) read with
 # MAGIC Spark's `binaryFile` source into a table (Delta on Databricks, Parquet here) of JPEG
-# MAGIC bytes and an indexed label; `prepare()` caches the bytes as they are; each rank decodes
+# MAGIC bytes and an indexed label; `prepare()` caches the bytes as they are (or, with
+# MAGIC `feed=streaming`, Mosaic Streaming's MDS shards hold them); each rank decodes
 # MAGIC its own batches (`hvdrunner.examples.images.decode_spec`, a petastorm `TransformSpec`) while
 # MAGIC `hvdrunner.keras.fit` trains a small CNN on `np` ranks and logs it to MLflow; the model
 # MAGIC then scores the held-out images on the executors. With no `images_dir`, it writes a
@@ -15,6 +16,7 @@
 # MAGIC | `images_dir` | a folder of `<class>/<image>` files (empty: synthetic flowers under `flowers`) | `` |
 # MAGIC | `table_path` | where the image table is written | `/Volumes/<current catalog>/<current schema>/hvdrunner/images` on Databricks, `./.hvdrunner/images` elsewhere |
 # MAGIC | `cache_dir` | where `prepare()` caches the JPEG bytes for the ranks (every node must see it) | `…/hvdrunner/cache` |
+# MAGIC | `feed` | `prepare`: `hvdrunner.data.prepare`; `streaming`: Mosaic Streaming's MDS shards (`hvdrunner.streaming.write_mds`, in `cache_dir/images-mds`; docs/streaming.md) | `prepare` |
 # MAGIC | `np` | Horovod ranks | `2` |
 # MAGIC | `epochs`, `batch_size`, `learning_rate` | training; batch is per rank, LR is scaled by `np` | `6`, `16`, `0.002` |
 # MAGIC | `image_size` | images are decoded and resized to this square size | `32` |
@@ -50,6 +52,7 @@ from hvdrunner.notebook import default_dir, default_experiment
 dbutils.widgets.text("images_dir", "", "Image folder")
 dbutils.widgets.text("table_path", default_dir("images"), "Image table")
 dbutils.widgets.text("cache_dir", default_dir("cache"), "Data cache directory")
+dbutils.widgets.dropdown("feed", "prepare", ["prepare", "streaming"], "Input feed")
 dbutils.widgets.text("np", "2", "Horovod ranks")
 dbutils.widgets.text("epochs", "6", "Epochs")
 dbutils.widgets.text("batch_size", "16", "Batch size per rank")
@@ -87,13 +90,18 @@ from hvdrunner.examples import datasets
 from hvdrunner.examples.images import decode, decode_spec, read_image_table
 from hvdrunner.inference import score_images
 from hvdrunner.keras import fit
+from hvdrunner.streaming import write_mds
 
 w = dbutils.widgets.get
 size = int(w("image_size"))
 images_dir = w("images_dir") or datasets.write_synthetic_flowers(default_dir("flowers"), size=size)
 table = datasets.read(spark, datasets.write(read_image_table(spark, images_dir), w("table_path")))
 train_df, test_df = table.randomSplit([0.8, 0.2], seed=0)
-data = prepare(train_df, features=["content", "label_index"], cache_dir=w("cache_dir"))
+if w("feed") == "streaming":  # Mosaic Streaming, Databricks' data path after petastorm
+    data = write_mds(train_df, w("cache_dir").rstrip("/") + "/images-mds",
+                     columns=["content", "label_index"], overwrite=True)
+else:
+    data = prepare(train_df, features=["content", "label_index"], cache_dir=w("cache_dir"))
 with tracking.mlflow_run(experiment=w("experiment"), run_name=f"images-np{w('np')}") as run:
     result = HorovodRunner(np=int(w("np")), driver_log_verbosity="all").run(
         fit,

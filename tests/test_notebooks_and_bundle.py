@@ -48,22 +48,28 @@ def test_there_are_five_notebooks():
 @pytest.mark.keras
 @pytest.mark.stacks("18")
 @pytest.mark.timeout(600)
-def test_the_image_notebook_runs_end_to_end_on_generated_images(tmp_path):
-    """04_images as the local runner runs it: JPEG files -> binaryFile table -> prepare ->
-    decoded on 2 ranks -> a CNN logged to MLflow -> the held-out images scored."""
+@pytest.mark.parametrize("feed", ["prepare", "streaming"])
+def test_the_image_notebook_runs_end_to_end_on_generated_images(tmp_path, feed):
+    """04_images as the local runner runs it: JPEG files -> binaryFile table -> prepare (or
+    Mosaic Streaming's MDS shards) -> decoded on 2 ranks -> a CNN logged to MLflow -> the
+    held-out images scored."""
     env = {**os.environ, "MLFLOW_TRACKING_URI": f"sqlite:///{tmp_path / 'mlflow.db'}"}
     proc = subprocess.run(
         [sys.executable, "-m", "hvdrunner.notebook", "run", str(ROOT / "notebooks" / "04_images.py"),
-         "--task-values", str(tmp_path / "tv.json"), "--param", "epochs=4"],
+         "--task-values", str(tmp_path / "tv.json"), "--param", "epochs=4", "--param",
+         f"feed={feed}"],
         cwd=tmp_path, env=env, capture_output=True, text=True, timeout=560,
     )  # fmt: skip
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
     values = json.loads((tmp_path / "tv.json").read_text())["images"]
     assert values["test_accuracy"] > 0.9
     assert (tmp_path / ".hvdrunner" / "flowers" / "tulips").is_dir()  # generated images
-    cached = sum(p.stat().st_size for p in (tmp_path / ".hvdrunner" / "cache").rglob("*.parquet"))
+    kept = "*.parquet" if feed == "prepare" else "*.mds*"
+    cache = tmp_path / ".hvdrunner" / "cache"
+    cached = sum(p.stat().st_size for p in cache.rglob(kept))
+    assert (cache / "images-mds" / "index.json").exists() == (feed == "streaming")
     jpegs = sum(p.stat().st_size for p in (tmp_path / ".hvdrunner" / "flowers").rglob("*.jpg"))
-    assert cached < 1.2 * jpegs  # the bytes are cached as they are, never decoded pixels
+    assert 0 < cached < 1.2 * jpegs  # the bytes are kept as they are, never decoded pixels
     mlflow.set_tracking_uri(env["MLFLOW_TRACKING_URI"])
     try:
         run = mlflow.get_run(values["run_id"])

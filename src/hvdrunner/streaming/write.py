@@ -39,7 +39,7 @@ def _require_streaming() -> None:
 
 
 def _part_writer(
-    out: str, columns: dict[str, str], compression: str | None, size_limit: int | str
+    out: str, columns: dict[str, str], size_limit: int | str
 ) -> Callable[[Iterator[Any]], Iterator[Any]]:
     """The function each Spark task runs on its partition (``mapInPandas``)."""
 
@@ -55,7 +55,10 @@ def _part_writer(
         for frame in frames:
             for record in frame.to_dict("records"):
                 if writer is None:  # an empty partition writes nothing
-                    writer = MDSWriter(out=part, columns=columns, compression=compression,
+                    # Uncompressed: ranks read the shards where they are. Streaming
+                    # decompresses a compressed shard next to itself on its first read, on
+                    # every host at once into one shared folder.
+                    writer = MDSWriter(out=part, columns=columns, compression=None,
                                        size_limit=size_limit)  # fmt: skip
                 writer.write(to_sample(record, columns))
                 rows += 1
@@ -71,10 +74,9 @@ def _indexed_rows(root: str) -> int:
         return sum(int(shard["samples"]) for shard in json.load(f)["shards"])
 
 
-def _write_parts(df: Any, tmp: str, columns: dict[str, str], compression: str | None,
-                 size_limit: int | str) -> list[str]:  # fmt: skip
+def _write_parts(df: Any, tmp: str, columns: dict[str, str], size_limit: int | str) -> list[str]:
     """Every partition's index file (the Spark job), or the task's error."""
-    writer = _part_writer(tmp, columns, compression, size_limit)
+    writer = _part_writer(tmp, columns, size_limit)
     rows = df.select(*[f"`{c}`" for c in columns]).mapInPandas(writer, "index string, rows long")
     return [r["index"] for r in rows.collect() if r["index"]]
 
@@ -98,7 +100,6 @@ def write_mds(
     label: str | None = None,
     columns: Sequence[str] | None = None,
     dtype: str | None = "float32",
-    compression: str | None = "zstd",
     size_limit: int | str = "64mb",
     overwrite: bool = False,
     shared: bool = False,
@@ -113,8 +114,9 @@ def write_mds(
     and arrays of numbers; ``dtype``: floating columns written as that (``float32``, what
     models take, as in ``prepare``; ``None``: each column's own). Nulls are refused before anything is written, and the folder
     appears only whole: a failed write leaves nothing, and ``overwrite=True`` replaces old
-    shards only once the new ones are complete. ``compression``/``size_limit``: Streaming's
-    ``MDSWriter`` options.
+    shards only once the new ones are complete. ``size_limit``: the largest shard (Streaming's
+    ``MDSWriter`` option). Shards are not compressed: ranks read them where they are, and
+    Streaming would write a decompressed copy of each beside it on its first read.
 
     Raises:
         ValueError: a column is missing, of an unsupported type, or holds nulls; ``path``
@@ -161,7 +163,7 @@ def write_mds(
     )
     try:
         _log.info(f"writing {counts['*']} rows as MDS shards ({', '.join(cols)}) to {target}")
-        parts = _write_parts(df, tmp, cols, compression, size_limit)
+        parts = _write_parts(df, tmp, cols, size_limit)
         from streaming.base.util import merge_index
 
         merge_index(parts, tmp, keep_local=True)
