@@ -92,6 +92,47 @@ def _move_into_place(tmp: str, target: str) -> None:
         shutil.rmtree(old, ignore_errors=True)
 
 
+def _target(df: Any, path: str, shared: bool, overwrite: bool) -> str:
+    """The local path of ``path``, checked: seen by every rank, writable, and empty or
+    holding shards to overwrite."""
+    master = str(df.sparkSession.conf.get("spark.master"))
+    target = _paths.for_ranks(path, master, shared, "path").local_path
+    has_index = os.path.exists(os.path.join(target, INDEX))
+    if has_index and not overwrite:
+        raise ValueError(
+            f"path={path!r} already holds MDS shards: pass overwrite=True to replace them, or "
+            f"another path"
+        )
+    if os.listdir(target) and not has_index:
+        raise ValueError(
+            f"path={path!r} is a folder with other files in it: pass an empty or new folder"
+        )
+    return target
+
+
+def _write_whole(df: Any, target: str, cols: dict[str, str], size_limit: int | str,
+                 rows: int) -> None:  # fmt: skip
+    """The shards into a folder beside ``target``, indexed and counted, then moved into
+    place; nothing left behind when any step fails."""
+    from streaming.base.util import merge_index
+
+    name = f".{os.path.basename(target)}.tmp-{uuid.uuid4().hex[:8]}"
+    tmp = os.path.join(os.path.dirname(target), name)
+    try:
+        _log.info(f"writing {rows} rows as MDS shards ({', '.join(cols)}) to {target}")
+        merge_index(_write_parts(df, tmp, cols, size_limit), tmp, keep_local=True)
+        written = _indexed_rows(tmp)
+        if written != rows:
+            raise CorruptDataError(
+                f"the MDS index counts {written} rows but the DataFrame has {rows}: the "
+                f"DataFrame changed while it was written (a nondeterministic source?). Cache or "
+                f"save it first, then write again."
+            )
+        _move_into_place(tmp, target)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
 def write_mds(
     df: Any,
     path: str,
@@ -112,9 +153,9 @@ def write_mds(
     to write (default ``features`` and ``label`` when given, else every column); numbers,
     booleans, strings, binary (JPEG bytes: decode them on the ranks with a ``TransformSpec``)
     and arrays of numbers; ``dtype``: floating columns written as that (``float32``, what
-    models take, as in ``prepare``; ``None``: each column's own). Nulls are refused before anything is written, and the folder
-    appears only whole: a failed write leaves nothing, and ``overwrite=True`` replaces old
-    shards only once the new ones are complete. ``size_limit``: the largest shard (Streaming's
+    models take, as in ``prepare``; ``None``: each column's own). Nulls are refused before
+    anything is written, and the folder appears only whole: a failed write leaves nothing,
+    and ``overwrite=True`` replaces old shards only once the new ones are complete. ``size_limit``: the largest shard (Streaming's
     ``MDSWriter`` option). Shards are not compressed: ranks read them where they are, and
     Streaming would write a decompressed copy of each beside it on its first read.
 
@@ -143,40 +184,12 @@ def write_mds(
     missing = [c for c in [*feats, *([label] if label else [])] if c not in cols]
     if missing:
         raise ValueError(f"features/label {missing} are not among the columns written {list(cols)}")
-    master = str(df.sparkSession.conf.get("spark.master"))
-    target = _paths.for_ranks(path, master, shared, "path").local_path
-    if os.path.exists(os.path.join(target, INDEX)) and not overwrite:
-        raise ValueError(
-            f"path={path!r} already holds MDS shards: pass overwrite=True to replace them, or "
-            f"another path"
-        )
-    if os.listdir(target) and not os.path.exists(os.path.join(target, INDEX)):
-        raise ValueError(
-            f"path={path!r} is a folder with other files in it: pass an empty or new folder"
-        )
+    target = _target(df, path, shared, overwrite)
     counts = null_counts(df, cols)
     refuse_nulls(counts)
     if not counts["*"]:
         raise ValueError("the DataFrame has no rows: there is nothing to train on")
-    tmp = os.path.join(
-        os.path.dirname(target), f".{os.path.basename(target)}.tmp-{uuid.uuid4().hex[:8]}"
-    )
-    try:
-        _log.info(f"writing {counts['*']} rows as MDS shards ({', '.join(cols)}) to {target}")
-        parts = _write_parts(df, tmp, cols, size_limit)
-        from streaming.base.util import merge_index
-
-        merge_index(parts, tmp, keep_local=True)
-        written = _indexed_rows(tmp)
-        if written != counts["*"]:
-            raise CorruptDataError(
-                f"the MDS index counts {written} rows but the DataFrame has {counts['*']}: the "
-                f"DataFrame changed while it was written (a nondeterministic source?). Cache or "
-                f"save it first, then write again."
-            )
-        _move_into_place(tmp, target)
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
+    _write_whole(df, target, cols, size_limit, counts["*"])
     return MdsData(path=target, num_rows=counts["*"], columns=tuple(cols.items()),
                    features=tuple(feats), label=label, single_feature=isinstance(features, str))  # fmt: skip
 
