@@ -142,7 +142,7 @@ def for_ranks(path: str, master: str, shared: bool, argument: str) -> Location:
         ValueError: the path cannot be seen by the ranks, or cannot be written.
 
     Example:
-        >>> for_ranks("/Volumes/main/ml/hvdrunner/mds", "spark://h:7077", False, "path").shared  # doctest: +SKIP
+        >>> for_ranks("/Volumes/<catalog>/<schema>/hvdrunner/mds", "spark://h:7077", False, "path").shared  # doctest: +SKIP
         True
     """
     loc = resolve(path)

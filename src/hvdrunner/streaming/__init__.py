@@ -15,7 +15,7 @@ Streaming does the reading:
 
 Example:
     >>> from hvdrunner.streaming import write_mds
-    >>> data = write_mds(df, "/Volumes/main/ml/hvdrunner/digits-mds",    # doctest: +SKIP
+    >>> data = write_mds(df, "/Volumes/<catalog>/<schema>/hvdrunner/digits-mds",    # doctest: +SKIP
     ...                  features="pixels", label="label")
 """
 

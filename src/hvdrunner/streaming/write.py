@@ -165,7 +165,7 @@ def write_mds(
         CorruptDataError: the shards' index does not count every row of ``df``.
 
     Example:
-        >>> data = write_mds(df, "/Volumes/main/ml/hvdrunner/digits-mds",  # doctest: +SKIP
+        >>> data = write_mds(df, "/Volumes/<catalog>/<schema>/hvdrunner/digits-mds",  # doctest: +SKIP
         ...                  features="pixels", label="label")
         >>> HorovodRunner(np=2).run(torch_fit, build_model=build, data=data, epochs=3,
         ...                         batch_size=64, loss="cross_entropy")  # doctest: +SKIP
