@@ -20,7 +20,9 @@ from hvdrunner._launch.assignments import assign
 from hvdrunner.streaming import write_mds
 from hvdrunner.streaming.world import problem
 
-pytestmark = [pytest.mark.torch, pytest.mark.streaming, pytest.mark.stacks("18", "15.4")]
+# 15.4 (Streaming 0.7.4) passed all of these once, then hung in later runs (2026-12-06):
+# on 18 only until that is explained (docs/streaming.md, "Known problems").
+pytestmark = [pytest.mark.torch, pytest.mark.streaming, pytest.mark.stacks("18")]
 
 
 def _kinds_frame(spark):
@@ -169,6 +171,7 @@ def _resumed_mid_epoch(data, batch_size):
     return hvd.allgather_object((whole, resumed))
 
 
+@ON_18  # on 15.4 (Streaming 0.7.4) this job hung (2026-12-06): not explained yet
 def test_a_feed_resumed_mid_epoch_reads_the_rest_of_that_epoch_on_every_rank(spark, tmp_path):
     data = write_mds(spark.range(90).toDF("id"), str(tmp_path / "mid"))
     for whole, resumed in HorovodRunner(np=-2).run(_resumed_mid_epoch, data=data, batch_size=8):

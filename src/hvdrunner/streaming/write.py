@@ -39,7 +39,7 @@ def _require_streaming() -> None:
 
 
 def _part_writer(
-    out: str, columns: dict[str, str], size_limit: int | str
+    out: str, columns: dict[str, str], compression: str | None, size_limit: int | str
 ) -> Callable[[Iterator[Any]], Iterator[Any]]:
     """The function each Spark task runs on its partition (``mapInPandas``)."""
 
@@ -55,10 +55,7 @@ def _part_writer(
         for frame in frames:
             for record in frame.to_dict("records"):
                 if writer is None:  # an empty partition writes nothing
-                    # Uncompressed: ranks read the shards where they are. Streaming
-                    # decompresses a compressed shard next to itself on its first read, on
-                    # every host at once into one shared folder.
-                    writer = MDSWriter(out=part, columns=columns, compression=None,
+                    writer = MDSWriter(out=part, columns=columns, compression=compression,
                                        size_limit=size_limit)  # fmt: skip
                 writer.write(to_sample(record, columns))
                 rows += 1
@@ -74,9 +71,10 @@ def _indexed_rows(root: str) -> int:
         return sum(int(shard["samples"]) for shard in json.load(f)["shards"])
 
 
-def _write_parts(df: Any, tmp: str, columns: dict[str, str], size_limit: int | str) -> list[str]:
+def _write_parts(df: Any, tmp: str, columns: dict[str, str], compression: str | None,
+                 size_limit: int | str) -> list[str]:  # fmt: skip
     """Every partition's index file (the Spark job), or the task's error."""
-    writer = _part_writer(tmp, columns, size_limit)
+    writer = _part_writer(tmp, columns, compression, size_limit)
     rows = df.select(*[f"`{c}`" for c in columns]).mapInPandas(writer, "index string, rows long")
     return [r["index"] for r in rows.collect() if r["index"]]
 
@@ -110,8 +108,8 @@ def _target(df: Any, path: str, shared: bool, overwrite: bool) -> str:
     return target
 
 
-def _write_whole(df: Any, target: str, cols: dict[str, str], size_limit: int | str,
-                 rows: int) -> None:  # fmt: skip
+def _write_whole(df: Any, target: str, cols: dict[str, str], compression: str | None,
+                 size_limit: int | str, rows: int) -> None:  # fmt: skip
     """The shards into a folder beside ``target``, indexed and counted, then moved into
     place; nothing left behind when any step fails."""
     from streaming.base.util import merge_index
@@ -120,7 +118,7 @@ def _write_whole(df: Any, target: str, cols: dict[str, str], size_limit: int | s
     tmp = os.path.join(os.path.dirname(target), name)
     try:
         _log.info(f"writing {rows} rows as MDS shards ({', '.join(cols)}) to {target}")
-        merge_index(_write_parts(df, tmp, cols, size_limit), tmp, keep_local=True)
+        merge_index(_write_parts(df, tmp, cols, compression, size_limit), tmp, keep_local=True)
         written = _indexed_rows(tmp)
         if written != rows:
             raise CorruptDataError(
@@ -141,6 +139,7 @@ def write_mds(
     label: str | None = None,
     columns: Sequence[str] | None = None,
     dtype: str | None = "float32",
+    compression: str | None = "zstd",
     size_limit: int | str = "64mb",
     overwrite: bool = False,
     shared: bool = False,
@@ -155,9 +154,9 @@ def write_mds(
     and arrays of numbers; ``dtype``: floating columns written as that (``float32``, what
     models take, as in ``prepare``; ``None``: each column's own). Nulls are refused before
     anything is written, and the folder appears only whole: a failed write leaves nothing,
-    and ``overwrite=True`` replaces old shards only once the new ones are complete. ``size_limit``: the largest shard (Streaming's
-    ``MDSWriter`` option). Shards are not compressed: ranks read them where they are, and
-    Streaming would write a decompressed copy of each beside it on its first read.
+    and ``overwrite=True`` replaces old shards only once the new ones are complete. ``compression``/``size_limit``: Streaming's
+    ``MDSWriter`` options (Streaming writes a decompressed copy of each compressed shard
+    beside it on its first read).
 
     Raises:
         ValueError: a column is missing, of an unsupported type, or holds nulls; ``path``
@@ -189,7 +188,7 @@ def write_mds(
     refuse_nulls(counts)
     if not counts["*"]:
         raise ValueError("the DataFrame has no rows: there is nothing to train on")
-    _write_whole(df, target, cols, size_limit, counts["*"])
+    _write_whole(df, target, cols, compression, size_limit, counts["*"])
     return MdsData(path=target, num_rows=counts["*"], columns=tuple(cols.items()),
                    features=tuple(feats), label=label, single_feature=isinstance(features, str))  # fmt: skip
 
