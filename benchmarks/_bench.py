@@ -53,3 +53,23 @@ def warm_local_session(app_name: str):  # -> pyspark.sql.SparkSession
     spark.sparkContext.setLogLevel("ERROR")
     spark.sparkContext.parallelize(range(2), 2).count()
     return spark
+
+
+def flowers_table(spark, folder: Path, size: int):  # -> (pyspark.sql.DataFrame, int)
+    """The image benchmarks' table: 500 synthetic flower JPEGs (``size`` pixels square)
+    written under ``folder``, read with Spark's ``binaryFile`` source as ``content`` (bytes)
+    and ``label_index`` (the folder's name, indexed), in 4 partitions, cached; and the JPEG
+    files' bytes on disk."""
+    from pyspark.ml.feature import StringIndexer
+    from pyspark.sql import functions as F
+
+    from hvdrunner.examples.datasets import write_synthetic_flowers
+
+    root = write_synthetic_flowers(str(folder), per_class=100, size=size)
+    jpeg_bytes = sum(p.stat().st_size for p in Path(root).rglob("*.jpg"))
+    df = (spark.read.format("binaryFile").option("recursiveFileLookup", "true").load(root)
+          .withColumn("label", F.element_at(F.split("path", "/"), -2)))  # fmt: skip
+    df = StringIndexer(inputCol="label", outputCol="label_index").fit(df).transform(df)
+    df = df.select("content", "label_index").repartition(4).cache()
+    df.count()
+    return df, jpeg_bytes

@@ -22,7 +22,7 @@ import time
 from pathlib import Path
 
 import numpy as np
-from _bench import context, save, stack
+from _bench import context, flowers_table, save, stack
 
 RESULTS = Path(__file__).parent / "results"
 BATCH, SIZE, SOURCE = 32, 64, 128
@@ -69,23 +69,13 @@ def main() -> None:
     parser.add_argument("--passes", type=int, default=3)
     args = parser.parse_args()
 
-    from pyspark.ml.feature import StringIndexer
-    from pyspark.sql import functions as F
-
     from hvdrunner import petastorm as drop_in
-    from hvdrunner.examples.datasets import write_synthetic_flowers
     from hvdrunner.petastorm import spark as drop_in_spark
     from hvdrunner.spark import local_session
 
     spark = local_session("local[2]", app_name="image-feed")
     work = Path(tempfile.mkdtemp(prefix="image-feed-"))
-    root = write_synthetic_flowers(str(work / "flowers"), per_class=100, size=SOURCE)
-    jpeg_bytes = sum(p.stat().st_size for p in Path(root).rglob("*.jpg"))
-    df = (spark.read.format("binaryFile").option("recursiveFileLookup", "true").load(root)
-          .withColumn("label", F.element_at(F.split("path", "/"), -2)))  # fmt: skip
-    df = StringIndexer(inputCol="label", outputCol="label_index").fit(df).transform(df)
-    df = df.select("content", "label_index").repartition(4).cache()
-    df.count()
+    df, jpeg_bytes = flowers_table(spark, work / "flowers", SOURCE)
     feeds = {"hvdrunner.petastorm": (drop_in_spark, drop_in.TransformSpec)}
     if importlib.util.find_spec("petastorm") is not None:
         import petastorm

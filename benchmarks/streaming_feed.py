@@ -37,7 +37,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from _bench import context, save, stack
+from _bench import context, flowers_table, save, stack
 
 RESULTS = Path(__file__).parent / "results"
 BATCH, SIZE, SOURCE, EPOCHS, READ_EPOCHS = 32, 64, 128, 3, 10
@@ -130,25 +130,16 @@ def main() -> None:
     parser.add_argument("--workers", type=int, default=2)
     args = parser.parse_args()
 
-    from pyspark.ml.feature import StringIndexer
-    from pyspark.sql import functions as F
-
     import hvdrunner.torch
     from hvdrunner import HorovodRunner
     from hvdrunner.data import TransformSpec, prepare
-    from hvdrunner.examples.datasets import write_synthetic_flowers
     from hvdrunner.petastorm import spark as drop_in
     from hvdrunner.spark import local_session
     from hvdrunner.streaming import write_mds
 
     spark = local_session("local[2]", app_name="streaming-feed")
     work = Path(tempfile.mkdtemp(prefix="streaming-feed-"))
-    root = write_synthetic_flowers(str(work / "flowers"), per_class=100, size=SOURCE)
-    df = (spark.read.format("binaryFile").option("recursiveFileLookup", "true").load(root)
-          .withColumn("label", F.element_at(F.split("path", "/"), -2)))  # fmt: skip
-    df = StringIndexer(inputCol="label", outputCol="label_index").fit(df).transform(df)
-    df = df.select("content", "label_index").repartition(4).cache()
-    df.count()
+    df, _ = flowers_table(spark, work / "flowers", SOURCE)
     spark.conf.set(drop_in.SparkDatasetConverter.PARENT_CACHE_DIR_URL_CONF, f"file://{work}/pc")
 
     def decoded(data: Any) -> Any:

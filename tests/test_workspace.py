@@ -245,10 +245,11 @@ def test_dev_keras_job_needs_nothing_built_and_the_compiled_target_builds_once(t
     assert record["cuda_archs"] == []  # a CPU build here; a GPU node records its list
     requirements = (folder / "requirements.txt").read_text()
     assert c.vars["tensorflow_pip"] in requirements.splitlines()
-    # HVDRUNNER_ENGINE=horovod on the cluster: the ranks import the wheel's horovod or fail
-    values = c.run_job("hvdrunner_train")
-    assert values["batch_inference"]["test_accuracy"] > 0.8
-    assert "final accuracy" in (c.last / "train_keras.log").read_text()
+    # HVDRUNNER_ENGINE=horovod on the cluster: the ranks import the wheel's horovod or fail.
+    # Scoring is the dev run's (the model's flavour is the same): `bundle run --only`.
+    c.run_job("hvdrunner_train", only=("prepare_data", "train_keras"))
+    final = re.search(r"final accuracy (\S+),", (c.last / "train_keras.log").read_text())
+    assert final and float(final[1]) > 0.8
     # A second build run keeps the wheel; the rebuild parameter builds it again.
     c.run_job("hvdrunner_build_horovod")
     assert "already built" in (c.last / "build_horovod.log").read_text()
@@ -311,12 +312,13 @@ def test_dev_torch_job_and_keras_on_torch_need_nothing_built(tmp_path):
     assert not list(tmp_path.rglob("horovod-*.whl"))
     assert list(ws.map(ws.vars["storage_root"]).rglob("*.parquet"))  # its data, in its folder
     assert not list(ws.map("/Volumes/ml/team_a/hvdrunner_prod").iterdir())  # prod's untouched
-    # prod's own run, deployed and run as its principal: prod's volume, model and alias.
+    # prod's own run, deployed and run as its principal: prod's volume, model and alias
+    # (its scoring is the member's, scored above: `bundle run --only`).
     p = StandIn(tmp_path, "prod", PROD | FAST, sp)
     p.deploy()
-    values = p.run_job("hvdrunner_train_torch",
+    values = p.run_job("hvdrunner_train_torch", only=("prepare_data", "train_torch"),
                        env={"MLFLOW_TRACKING_URI": uri, "MLFLOW_REGISTRY_URI": uri})  # fmt: skip
-    assert values["batch_inference"]["test_accuracy"] > 0.8
+    assert "batch_inference" not in values
     assert values["train_torch"]["model_uri"] == "models:/ml.team_a.hvdrunner_digits_torch@champion"
     assert list(p.map("/Volumes/ml/team_a/hvdrunner_prod/prod").rglob("*.parquet"))
     # The member's alias still names the member's version: prod moved only its own.

@@ -78,21 +78,11 @@ class PreparedData:
         Example:
             >>> images = data.transformed(spec, "features", "label_index")  # doctest: +SKIP
         """
-        if not isinstance(spec, TransformSpec):
-            raise TypeError(
-                f"pass a TransformSpec (hvdrunner.petastorm.TransformSpec), got {spec!r}"
-            )
-        feats = [features] if isinstance(features, str) else list(features)
-        names = spec.output_names([c.name for c in self.columns])
-        unknown = [n for n in [*feats, *([label] if label else [])] if n not in names]
-        if unknown:
-            raise ValueError(
-                f"features/label {unknown} are not columns of the transform's output {list(names)}"
-            )
+        feats = transforms.fed_columns(spec, features, label, [c.name for c in self.columns])
         if workers is not None and not is_int(workers, at_least=1):
             raise ValueError(f"workers={workers!r} must be an int >= 1 (batches decoded at once)")
         return dataclasses.replace(
-            self, transform=spec, features=tuple(feats), label=label,
+            self, transform=spec, features=feats, label=label,
             single_feature=isinstance(features, str), workers=workers or self.workers,
         )  # fmt: skip
 
@@ -303,10 +293,8 @@ class PreparedData:
             )
 
     def structure(self, batch: dict[str, Any]) -> Any:
-        """A ``{column: array}`` batch as the model is fed: ``x`` or ``(x, label)``, where
-        ``x`` is the one feature column's array or a dict of the feature columns."""
-        x = batch[self.features[0]] if self.single_feature else {f: batch[f] for f in self.features}
-        return x if self.label is None else (x, batch[self.label])
+        """A ``{column: array}`` batch as the model is fed (:func:`~hvdrunner.data.transform.as_fed`)."""
+        return transforms.as_fed(batch, self.features, self.label, self.single_feature)
 
     # -- lifecycle -------------------------------------------------------------------------
     def delete(self) -> None:

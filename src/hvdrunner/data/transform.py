@@ -233,6 +233,45 @@ def _fits(shape: tuple[int, ...], want: tuple[int | None, ...]) -> bool:
     )
 
 
+def fed_columns(
+    spec: Any, features: str | Sequence[str], label: str | None, columns: Sequence[str]
+) -> tuple[str, ...]:
+    """The ``features`` a feed transformed by ``spec`` gives the model, checked (with
+    ``label``) against the columns ``spec`` makes of ``columns``: one rule for every handle's
+    ``transformed`` (``PreparedData``, ``MdsData``).
+
+    Raises:
+        TypeError: ``spec`` is no ``TransformSpec``.
+        ValueError: a feature or the label is not a column of the transform's output.
+
+    Example:
+        >>> fed_columns(TransformSpec(lambda df: df), "x", "y", ["x", "y"])
+        ('x',)
+    """
+    if not isinstance(spec, TransformSpec):
+        raise TypeError(f"pass a TransformSpec (hvdrunner.petastorm.TransformSpec), got {spec!r}")
+    feats = (features,) if isinstance(features, str) else tuple(features)
+    names = spec.output_names(list(columns))
+    unknown = [n for n in [*feats, *([label] if label else [])] if n not in names]
+    if unknown:
+        raise ValueError(
+            f"features/label {unknown} are not columns of the transform's output {list(names)}"
+        )
+    return feats
+
+
+def as_fed(batch: dict[str, Any], features: Sequence[str], label: str | None, single: bool) -> Any:
+    """A ``{column: array}`` batch as the model is fed: ``x`` or ``(x, label)``, where ``x``
+    is the one feature column's array (``single``) or a dict of the feature columns.
+
+    Example:
+        >>> as_fed({"x": 1, "y": 2}, ["x"], "y", single=True)
+        (1, 2)
+    """
+    x = batch[features[0]] if single else {f: batch[f] for f in features}
+    return x if label is None else (x, batch[label])
+
+
 def _declared(want: Field) -> str:
     return "edit_fields" if want.declared else "its input column (not in edit_fields)"
 

@@ -27,7 +27,7 @@ from typing import Any
 
 from hvdrunner import _leftovers as leftovers
 from hvdrunner._checks import is_int
-from hvdrunner.data.transform import TransformSpec
+from hvdrunner.data.transform import TransformSpec, as_fed, fed_columns
 from hvdrunner.data.transform import apply as apply_transform
 from hvdrunner.distributed import rank, size
 from hvdrunner.streaming import world
@@ -136,21 +136,11 @@ class MdsData:
         Example:
             >>> images = data.transformed(spec, "features", "label_index")  # doctest: +SKIP
         """
-        if not isinstance(spec, TransformSpec):
-            raise TypeError(
-                f"pass a TransformSpec (hvdrunner.petastorm.TransformSpec), got {spec!r}"
-            )
-        feats = [features] if isinstance(features, str) else list(features)
-        names = spec.output_names([name for name, _ in self.columns])
-        unknown = [n for n in [*feats, *([label] if label else [])] if n not in names]
-        if unknown:
-            raise ValueError(
-                f"features/label {unknown} are not columns of the transform's output {list(names)}"
-            )
+        feats = fed_columns(spec, features, label, [name for name, _ in self.columns])
         if workers is not None and not is_int(workers, at_least=0):
             raise ValueError(f"workers={workers!r} must be an int >= 0 (decoding processes)")
         return dataclasses.replace(
-            self, transform=spec, features=tuple(feats), label=label,
+            self, transform=spec, features=feats, label=label,
             single_feature=isinstance(features, str),
             workers=self.workers if workers is None else workers,
         )  # fmt: skip
@@ -281,10 +271,8 @@ class MdsData:
         yield ds.prefetch(prefetch)
 
     def structure(self, batch: dict[str, Any]) -> Any:
-        """A batch as the model is fed: ``x`` or ``(x, label)``, where ``x`` is the one
-        feature column's array or a dict of the feature columns."""
-        x = batch[self.features[0]] if self.single_feature else {f: batch[f] for f in self.features}
-        return x if self.label is None else (x, batch[self.label])
+        """A batch as the model is fed (:func:`~hvdrunner.data.transform.as_fed`)."""
+        return as_fed(batch, self.features, self.label, self.single_feature)
 
 
 __all__ = ["MdsData", "collate"]

@@ -178,9 +178,9 @@ def write_mds(
         )
     _require_streaming()
     feats = [features] if isinstance(features, str) else list(features or [])
-    wanted = columns if columns is not None else ([*feats, *([label] if label else [])] or None)
-    cols = encodings(df.schema, wanted, dtype)
-    missing = [c for c in [*feats, *([label] if label else [])] if c not in cols]
+    fed = [*feats, *([label] if label else [])]
+    cols = encodings(df.schema, columns if columns is not None else (fed or None), dtype)
+    missing = [c for c in fed if c not in cols]
     if missing:
         raise ValueError(f"features/label {missing} are not among the columns written {list(cols)}")
     target = _target(df, path, shared, overwrite)
