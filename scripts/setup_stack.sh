@@ -68,8 +68,10 @@ PY="$VENV/bin/python"
 PIP=("$PY" -m pip --disable-pip-version-check)
 "${PIP[@]}" install -q --upgrade "pip>=24,<26"
 
-# --no-compile: pip byte-compiles every module it installs (about 19,000 files, a minute of
-# one core per stack); Python compiles the few thousand a job imports on first use instead.
+# pip byte-compiles every module it installs (about 19,000 files, a minute of one core per
+# stack), and that must stay: where PYTHONDONTWRITEBYTECODE=1 is set (CI's machines), nothing
+# else ever writes a .pyc, and every rank would compile TensorFlow's modules again on import
+# (tried with --no-compile: the 18 suite ran far slower).
 # Every stage installs under the stack's pins: a replica's runtime (with its recorded
 # differences), gpu's framework file.
 if [ -n "$REPLICA" ]; then
@@ -80,7 +82,7 @@ else
 fi
 
 say "stage 1/3: the framework ($REQ/framework.txt)"
-"${PIP[@]}" install -q --no-compile -r "$REQ/framework.txt" "${PINS[@]}"
+"${PIP[@]}" install -q -r "$REQ/framework.txt" "${PINS[@]}"
 
 if [ -n "$REPLICA" ] && grep -q '^horovod==' "$ROOT/requirements/$STACK/runtime.txt"; then
   # The runtime ships horovod 0.28.1; hvdrunner's engine runs TensorFlow and PyTorch there
@@ -101,7 +103,7 @@ else
 fi
 
 say "stage 3/3: Spark, Arrow, MLflow, dev tools, hvdrunner ($REQ/stack.txt)"
-"${PIP[@]}" install -q --no-compile -r "$REQ/stack.txt" "${PINS[@]}"
+"${PIP[@]}" install -q -r "$REQ/stack.txt" "${PINS[@]}"
 if [ -n "$REPLICA" ]; then
   # On a cluster pyspark is on the interpreter's path with no package metadata (no pip
   # distribution): whatever reads its version from metadata must not work here either.
