@@ -69,7 +69,7 @@ PIP=("$PY" -m pip --disable-pip-version-check)
 "${PIP[@]}" install -q --upgrade "pip>=24,<26"
 
 # pip byte-compiles every module it installs (about 19,000 files, a minute of one core per
-# stack), and that must stay: where PYTHONDONTWRITEBYTECODE=1 is set (CI's machines), nothing
+# stack), and that must stay: where PYTHONDONTWRITEBYTECODE=1 is set (this machine), nothing
 # else ever writes a .pyc, and every rank would compile TensorFlow's modules again on import
 # (tried with --no-compile: the 18 suite ran far slower).
 # Every stage installs under the stack's pins: a replica's runtime (with its recorded
