@@ -33,6 +33,13 @@ FAST = {"epochs": "2"}  # --var epochs=2: the jobs as deployed, shorter
 INSTALL_MD = ROOT / "docs" / "install.md"
 
 
+def _final_accuracy(log: Path) -> float:
+    """The training accuracy a train notebook's last line reports (its task's log)."""
+    final = re.search(r"final accuracy (\S+),", log.read_text())
+    assert final, f"{log} reports no final accuracy"
+    return float(final[1])
+
+
 def _user_values(text: str, runtime: str) -> str:
     return (text.replace(workspace.CATALOG, VALUES["catalog"])
             .replace(workspace.SCHEMA, VALUES["schema"]).replace(workspace.RUNTIME, runtime))  # fmt: skip
@@ -248,8 +255,7 @@ def test_dev_keras_job_needs_nothing_built_and_the_compiled_target_builds_once(t
     # HVDRUNNER_ENGINE=horovod on the cluster: the ranks import the wheel's horovod or fail.
     # Scoring is the dev run's (the model's flavour is the same): `bundle run --only`.
     c.run_job("hvdrunner_train", only=("prepare_data", "train_keras"))
-    final = re.search(r"final accuracy (\S+),", (c.last / "train_keras.log").read_text())
-    assert final and float(final[1]) > 0.8
+    assert _final_accuracy(c.last / "train_keras.log") > 0.8
     # A second build run keeps the wheel; the rebuild parameter builds it again.
     c.run_job("hvdrunner_build_horovod")
     assert "already built" in (c.last / "build_horovod.log").read_text()
@@ -319,6 +325,7 @@ def test_dev_torch_job_and_keras_on_torch_need_nothing_built(tmp_path):
     values = p.run_job("hvdrunner_train_torch", only=("prepare_data", "train_torch"),
                        env={"MLFLOW_TRACKING_URI": uri, "MLFLOW_REGISTRY_URI": uri})  # fmt: skip
     assert "batch_inference" not in values
+    assert _final_accuracy(p.last / "train_torch.log") > 0.8
     assert values["train_torch"]["model_uri"] == "models:/ml.team_a.hvdrunner_digits_torch@champion"
     assert list(p.map("/Volumes/ml/team_a/hvdrunner_prod/prod").rglob("*.parquet"))
     # The member's alias still names the member's version: prod moved only its own.
