@@ -90,7 +90,7 @@ PY
 )
 install() {  # install ARGS...: pip install's arguments, run by uv (pip if uv fails)
   "$VENV/bin/uv" pip install -q --python "$PY" --index-strategy unsafe-best-match \
-    "${FROM_PIP[@]}" "$@" && return 0
+    --find-links "$BUILT" "${FROM_PIP[@]}" "$@" && return 0
   say "uv failed (above); pip installs the same instead"
   "${PIP[@]}" install -q "$@"
 }
@@ -102,6 +102,14 @@ if [ -n "$REPLICA" ]; then
 else
   PINS=(-c "$REQ/framework.txt")
 fi
+
+# Source distributions (pyspark: 300 MB, mostly jars; an old psutil on a newer Python) are
+# built by pip, which keeps each wheel it built in its cache for every later set-up (CI keeps
+# that cache); uv takes them from here instead of building its own each time (CI deletes
+# uv's cache with each wave).
+BUILT="$VENV/.built-wheels"
+{ grep -E '^pyspark([^A-Za-z0-9_.-]|$)' "$REQ/stack.txt"; echo psutil; } >"$VENV/.sdists.txt"
+"${PIP[@]}" wheel -q --no-deps -w "$BUILT" -r "$VENV/.sdists.txt" "${PINS[@]}"
 
 say "stage 1/3: the framework ($REQ/framework.txt)"
 install -r "$REQ/framework.txt" "${PINS[@]}"
@@ -142,6 +150,8 @@ if command -v flock >/dev/null 2>&1; then
 else
   "${PIP[@]}" install -q --no-deps -e "$ROOT"
 fi
+
+rm -rf "$BUILT"  # installed now (300 MB)
 
 # Every module byte-compiled once, after all the stages (uv leaves that to us), on every
 # core: where PYTHONDONTWRITEBYTECODE=1 is set (this machine), nothing else ever writes a
