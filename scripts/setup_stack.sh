@@ -69,8 +69,8 @@ PIP=("$PY" -m pip --disable-pip-version-check)
 "${PIP[@]}" install -q --upgrade "pip>=24,<26" "uv==0.13.9"
 
 # The framework and the stack install with uv: it downloads and unpacks in parallel and
-# links from its cache, where pip does one file at a time on one core (a 16.4 set-up: pip
-# 4m05s and 231 CPU-seconds; uv 1m30s and 157, docs/testing.md). uv reads neither pip.conf
+# links from its cache, where pip does one file at a time on one core (a 16.4 set-up alone:
+# pip 4m05s and 231 CPU-seconds; uv 1m57s and 124, docs/testing.md). uv reads neither pip.conf
 # nor PIP_* variables, so pip's own settings (indexes, find-links, constraints) are handed on,
 # and it weighs every index as pip does (unsafe-best-match). If uv fails, pip runs the same
 # install, saying so: pip is the reference.
@@ -151,7 +151,7 @@ else
   "${PIP[@]}" install -q --no-deps -e "$ROOT"
 fi
 
-rm -rf "$BUILT"  # installed now (300 MB)
+rm -rf "$BUILT" "$VENV/.sdists.txt"  # installed now (300 MB)
 
 # Every module byte-compiled once, after all the stages (uv leaves that to us), on every
 # core: where PYTHONDONTWRITEBYTECODE=1 is set (this machine), nothing else ever writes a
