@@ -12,8 +12,13 @@ from helpers.docblocks import block, run_as_notebook
 from hvdrunner import HorovodRunner
 
 DROP_IN = "from hvdrunner.petastorm.spark import"
-# Equal accuracy, within what reruns move it (different initial weights and shuffles): the
-# recipe's reruns spread over 0.95-0.97 with either feed (benchmarks/results/petastorm_recipes-lts.json).
+# Equal accuracy, within what reruns move it (different initial weights and shuffles; the
+# recipe validates on 320 of the 360 rows). The PyTorch recipe against the standard feed is
+# held to it both ways. Against real petastorm the drop-in is held to "no worse": six
+# interleaved reruns on 15.4 spread over 0.959-0.969 with the drop-in and 0.953-0.978 with
+# petastorm 0.12.1 (benchmarks/results/petastorm_recipes-15.4.json), and one CI run had real
+# petastorm at 0.919 against the drop-in's 0.972 - petastorm's own spread, which is not
+# hvdrunner's to bound. A drop-in that feeds ranks wrongly learns less, and that still fails.
 SAME = 0.04
 
 
@@ -61,7 +66,7 @@ def test_the_keras_recipe_matches_real_petastorm_on_keras_2(spark, tmp_path):
     real = source.replace(DROP_IN, "from petastorm.spark import")
     theirs = run_recipe(real, spark, f"file://{tmp_path}/theirs")
     assert theirs > 0.9 and ours > 0.9
-    assert abs(ours - theirs) <= SAME, (ours, theirs)
+    assert ours >= theirs - SAME, (ours, theirs)
 
 
 def standard_recipe(x_train, y_train, x_val, y_val, batch_size=32, epochs=6, lr=0.002):
