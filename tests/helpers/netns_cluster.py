@@ -112,6 +112,11 @@ def sweep(owner: int | None = None) -> list[str]:
             if doomed(entry.name):
                 shutil.rmtree(entry, ignore_errors=True)
                 removed.append(str(entry))
+    for work in Path(tempfile.gettempdir()).glob("hvd-netns-*-*"):  # the clusters' folders
+        pid = work.name.split("-")[2]
+        if pid.isdigit() and (int(pid) == owner if owner else not _alive(int(pid))):
+            shutil.rmtree(work, ignore_errors=True)
+            removed.append(str(work))
     return removed
 
 
@@ -178,7 +183,8 @@ class NetnsCluster:
             )  # fmt: skip
             for i in range(hosts)
         ]
-        self.work = tempfile.mkdtemp(prefix="hvd-netns-")
+        # named for its owner, as the namespaces are, so that a sweep finds a dead owner's
+        self.work = tempfile.mkdtemp(prefix=f"hvd-netns-{os.getpid()}-")
         self.master_url = ""
         self._master: subprocess.Popen[bytes] | None = None
         self._stopped = False
