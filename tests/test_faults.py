@@ -127,6 +127,23 @@ def _np_or_spark(request: pytest.FixtureRequest, np_: int) -> int:
     return np_
 
 
+def rank1_kills_its_supervisor(stamp: str) -> None:
+    """Rank 1 records a file to be removed when it ends (as Streaming's shared memory is),
+    notes its folder, then kills its supervisor - the Spark task's Python worker - as Spark
+    does when it cancels a failed job's other tasks."""
+    from hvdrunner import _leftovers
+
+    if os.environ["HOROVOD_RANK"] == "1":
+        segment, owner = os.path.join(stamp, "segment"), os.path.join(stamp, "owner")
+        for path in (segment, owner):
+            open(path, "w").close()
+        assert _leftovers.record(owner, [segment])
+        with open(os.path.join(stamp, "folder"), "w") as f:
+            f.write(os.environ[_leftovers.RANK_DIR_ENV])
+        os.kill(os.getppid(), signal.SIGKILL)
+    time.sleep(120)
+
+
 def _no_spark_job_left(request: pytest.FixtureRequest, np_: int) -> None:
     """After a failed run() on Spark tasks, its barrier job was cancelled, not left running."""
     if np_ > 0:
@@ -151,6 +168,22 @@ def test_a_stalled_collective_fails_naming_the_rank_that_did_not_join(request, n
     assert "stall_timeout=8s" in message and info.value.rank == 1
     assert elapsed < 8 + 45  # the bound, plus TF imports and the watchdog's period
     _no_spark_job_left(request, np_)
+
+
+@pytest.mark.timeout(180)
+def test_a_task_killed_with_its_supervisor_leaves_nothing_once_the_next_rank_starts(
+    spark, request, tmp_path
+):
+    # A killed supervisor removes nothing: its rank's folder (the pickled function and its
+    # arguments) and what the rank recorded stay until the next rank on the host sweeps.
+    with pytest.raises(HorovodRunnerError):
+        HorovodRunner(np=2).run(rank1_kills_its_supervisor, stamp=str(tmp_path))
+    _no_spark_job_left(request, 2)
+    folder = (tmp_path / "folder").read_text()
+    assert os.path.isdir(folder) and (tmp_path / "segment").exists()  # left behind
+    assert HorovodRunner(np=2).run(int) == 0
+    assert not os.path.exists(folder) and not (tmp_path / "segment").exists()
+    assert (tmp_path / "owner").exists()  # only what was recorded
 
 
 #: docs/faults.md: a failed rank ends the job in ~1-3 s. Asserted with room

@@ -206,12 +206,20 @@ class RankSupervisor:
     # -- main ----------------------------------------------------------------------------
     def run(self) -> int:
         """Run the rank to completion and send its ``exit`` report; returns the exit code."""
-        with tempfile.TemporaryDirectory(prefix="hvdrunner-rank") as tmp:
-            proc, control = self._spawn(tmp)
-            pumps = self._pump(proc, control)
-            code = proc.wait()
-            self._reap(proc, pumps)
-            leftovers.remove(tmp)  # however the rank ended (a killed one cleaned up nothing)
+        self._sweep()
+        lock = -1
+        try:
+            with tempfile.TemporaryDirectory(prefix=leftovers.FOLDER_PREFIX) as tmp:
+                with contextlib.suppress(OSError):  # without it, no sweep ever takes it
+                    lock = leftovers.claim(tmp)  # held until the folder is gone
+                proc, control = self._spawn(tmp)
+                pumps = self._pump(proc, control)
+                code = proc.wait()
+                self._reap(proc, pumps)
+                leftovers.remove(tmp)  # however the rank ended (a killed one cleaned up nothing)
+        finally:
+            if lock >= 0:
+                os.close(lock)
         with self._tail_lock:
             tail = list(self._tail)
         report = protocol.ExitReport(
@@ -221,6 +229,17 @@ class RankSupervisor:
         with contextlib.suppress(OSError):
             self._channel.send(report)
         return code
+
+    @staticmethod
+    def _sweep() -> None:
+        """Remove what supervisors killed with their task left on this host (_leftovers)."""
+        try:
+            removed = leftovers.sweep()
+        except OSError as exc:  # never a reason to fail a rank
+            get_logger().debug(f"could not sweep the folders of killed ranks: {exc}")
+            return
+        if removed:
+            get_logger().debug(f"removed {len(removed)} folders of killed ranks: {removed}")
 
     def _spawn(self, tmp: str) -> tuple[subprocess.Popen[bytes], int]:
         """Start the rank's child (``python -m hvdrunner._launch.rank.worker``) with its payload
