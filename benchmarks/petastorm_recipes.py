@@ -14,48 +14,30 @@ import argparse
 import importlib.metadata
 import importlib.util
 import json
-import re
 import statistics
+import sys
 import tempfile
 import time
 from pathlib import Path
 
-import numpy as np
 from _bench import context, stack
 
-ROOT = Path(__file__).resolve().parents[1]
-DOC = ROOT / "docs" / "petastorm.md"
+# the recipe's data and runner are its test's (tests/test_petastorm_recipes.py)
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "helpers"))
+from digits import recipe_frames  # noqa: E402
+from docblocks import block, run_as_notebook  # noqa: E402
+
 RESULTS = Path(__file__).parent / "results"
 DROP_IN = "from hvdrunner.petastorm.spark import"
 
 
-def recipe(name: str) -> str:
-    found = re.search(
-        rf"<!-- runs: tests/\S+\.py \({name}\)[^>]*-->\n```python\n(.*?)```", DOC.read_text(), re.S
-    )
-    if not found:
-        raise SystemExit(f"docs/petastorm.md has no {name} recipe")
-    return found.group(1)
-
-
-def frames(spark):
-    import pandas as pd
-    from sklearn.datasets import load_digits
-
-    x, y = load_digits(return_X_y=True)
-    order = np.random.default_rng(0).permutation(len(y))
-    pdf = pd.DataFrame({"pixels": (x[order] / 16.0).astype("float32").tolist(),
-                        "label": y[order].astype("int32")})  # fmt: skip
-    train, val = pdf.iloc[:1437], pdf.iloc[1437:]
-    return spark.createDataFrame(train).repartition(7), spark.createDataFrame(val).repartition(3)
-
-
 def run(source: str, spark, cache: str) -> tuple[float, float]:
-    df_train, df_val = frames(spark)
-    ns = {"__name__": "__main__", "spark": spark, "df_train": df_train, "df_val": df_val,
-          "cache_url": f"file://{cache}"}  # fmt: skip
+    """The recipe run as a notebook cell runs it, as its test runs it; its accuracy and
+    seconds."""
+    _, (df_train, df_val) = recipe_frames(spark)
     start = time.perf_counter()
-    exec(compile(source, str(DOC), "exec"), ns)
+    ns = run_as_notebook(source, "petastorm.md", spark=spark, df_train=df_train, df_val=df_val,
+                         cache_url=f"file://{cache}")  # fmt: skip
     return float(ns["val_accuracy"]), time.perf_counter() - start
 
 
@@ -67,7 +49,7 @@ def main() -> None:
 
     spark = local_session("local[2]", app_name="petastorm-recipes")
     name = "keras" if importlib.util.find_spec("tensorflow") is not None else "torch"
-    source = recipe(name)
+    source = block("petastorm.md", name)
     feeds = {"hvdrunner.petastorm": source}
     if importlib.util.find_spec("petastorm") is not None:
         try:

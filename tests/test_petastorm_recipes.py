@@ -8,6 +8,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from helpers.digits import recipe_frames
 from helpers.docblocks import block, run_as_notebook
 from hvdrunner import HorovodRunner
 
@@ -22,27 +23,9 @@ DROP_IN = "from hvdrunner.petastorm.spark import"
 SAME = 0.04
 
 
-def digits(spark):
-    """Digits (1,797 rows of 64 pixels): 1,437 training rows in 7 uneven partitions, 360 for
-    validation; pandas frames and the Spark DataFrames made of them."""
-    import pandas as pd
-    from sklearn.datasets import load_digits
-
-    x, y = load_digits(return_X_y=True)
-    order = np.random.default_rng(0).permutation(len(y))
-    pdf = pd.DataFrame({"pixels": (x[order] / 16.0).astype("float32").tolist(),
-                        "label": y[order].astype("int32")})  # fmt: skip
-    train, val = pdf.iloc[:1437], pdf.iloc[1437:]
-    frames = (
-        spark.createDataFrame(train).repartition(7),
-        spark.createDataFrame(val).repartition(3),
-    )
-    return (train, val), frames
-
-
 def run_recipe(source: str, spark, cache_url: str) -> float:
     """Execute a recipe as a notebook would (module ``__main__``); its ``val_accuracy``."""
-    _, (df_train, df_val) = digits(spark)
+    _, (df_train, df_val) = recipe_frames(spark)
     namespace = run_as_notebook(source, "petastorm.md", spark=spark, df_train=df_train,
                                 df_val=df_val, cache_url=cache_url)  # fmt: skip
     return float(namespace["val_accuracy"])  # type: ignore[arg-type]
@@ -105,7 +88,7 @@ def test_the_torch_recipe_runs_with_one_changed_import_and_matches_the_standard_
     source = block("petastorm.md", "torch")
     assert DROP_IN in source and "import hvdrunner.hvd_torch as hvd" in source
     ours = run_recipe(source, spark, f"file://{tmp_path}/cache")
-    (train, val), _ = digits(spark)
+    (train, val), _ = recipe_frames(spark)
     reference = HorovodRunner(np=2).run(
         standard_recipe,
         x_train=np.array(train.pixels.tolist(), dtype="float32"), y_train=train.label.to_numpy(),

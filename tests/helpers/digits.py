@@ -50,3 +50,18 @@ def prepared_first(session: Any, cache_dir: str, rows: int = 1024) -> Any:
     x, y = arrays()
     return prepare(session.createDataFrame(frame(x[:rows], y[:rows])), features="pixels",
                    label="label", cache_dir=cache_dir)  # fmt: skip
+
+
+def recipe_frames(spark: Any) -> tuple[tuple[pd.DataFrame, pd.DataFrame], tuple[Any, Any]]:
+    """docs/petastorm.md's recipes' data (the test and the benchmark of them): 1,437 training
+    rows in 7 uneven partitions and 360 for validation, shuffled with seed 0, labels int32;
+    ``((train, val) pandas frames, (train, val) Spark DataFrames)``."""
+    x, y = arrays()
+    order = np.random.default_rng(0).permutation(len(y))
+    pdf = frame(x[order], y[order], "int32")
+    train, val = pdf.iloc[:1437], pdf.iloc[1437:]
+    frames = (
+        spark.createDataFrame(train).repartition(7),
+        spark.createDataFrame(val).repartition(3),
+    )
+    return (train, val), frames
