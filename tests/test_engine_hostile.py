@@ -115,18 +115,32 @@ def test_a_job_that_ends_without_shutdown_exits_cleanly_every_time(tmp_path, lau
 #: Joins and leaves per rank: without the fix each one deadlocked the rank with odds of about
 #: 1 in 4 on torch 2.3.1 (4 of 4 jobs of 30 cycles hung; 16 of 16 passed after it).
 SHUTDOWN_CYCLES = 30
+TEARDOWN_CYCLES = 200
 
 
 @pytest.mark.stacks("19", "15.4")  # 15.4: torch 2.3.1, whose process groups deadlocked
 def test_a_rank_leaves_the_engine_many_times_without_a_deadlock():
-    """hvd.shutdown() right after a collective: the last round's tensors outlive the process
-    group, so torch < 2.8 (whose group destructor holds the GIL, pytorch#154976) never waits
-    on a gloo worker that waits for the GIL (a hang, until the peer's init() timed out)."""
+    """hvd.shutdown() right after collectives on every group the engine makes (control,
+    data, a process set's, the gradient lane): the engine lets go of each before joining its
+    workers (helpers/shutdown_cycles.py checks that nothing still refers to them), so torch
+    < 2.8 never joins them holding the GIL a worker waits for."""
     started = time.monotonic()
     proc = _torchrun(str(HELPERS / "shutdown_cycles.py"), str(SHUTDOWN_CYCLES), timeout=120)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert proc.stdout.count(f"left {SHUTDOWN_CYCLES} times") == 2, proc.stdout[-2000:]
     assert time.monotonic() - started < 90
+
+
+@pytest.mark.stacks("15.4")  # torch 2.3.1: the group destructor holds the GIL (< 2.8)
+def test_a_destroyed_group_joins_its_workers_without_the_gil():
+    """engine/keepalive.py on plain gloo groups, each destroyed just after collectives whose
+    tensors Python dropped at once: 200 cycles end. With dist.destroy_process_group alone
+    (or keepalive holding no backend) every run of 100 cycles deadlocked on torch 2.3.1."""
+    started = time.monotonic()
+    proc = _torchrun(str(HELPERS / "group_teardown.py"), str(TEARDOWN_CYCLES), timeout=90)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert proc.stdout.count(f"destroyed {TEARDOWN_CYCLES} groups") == 2, proc.stdout[-2000:]
+    assert time.monotonic() - started < 60
 
 
 def rank1_sleeps_while_rank0_waits_in_the_engine() -> None:

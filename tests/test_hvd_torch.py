@@ -55,7 +55,7 @@ def test_horovods_api_under_torchrun_without_horovod(tmp_path):
 
 
 @pytest.mark.stacks("19", "15.4")  # 15.4: torch 2.3.1, where a lane step whose peer never
-# came deadlocked hvd.shutdown() (engine/keepalive.py)
+# came deadlocked hvd.shutdown() (engine/keepalive.py joins its workers without the GIL)
 def test_the_gradient_lane_gives_the_negotiated_paths_bits(tmp_path):
     """DistributedOptimizer's buckets on the gradient lane (no negotiation round a step):
     the same weights bit for bit as with the lane off, for the optimizer's options and an

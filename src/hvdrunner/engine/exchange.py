@@ -15,8 +15,6 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from hvdrunner.engine import keepalive
-
 #: A round's message fits this many bytes in the common case: one collective per round.
 SLOT_BYTES = 4096
 #: torch >= 2.10 names it all_gather_single (the old name warns); older torch has only that.
@@ -38,7 +36,6 @@ def exchange(message: Any, n: int, control: dist.ProcessGroup | None) -> list[An
         slot[8 : 8 + len(data)] = torch.frombuffer(bytearray(data), dtype=torch.uint8)
     out = torch.empty(n * SLOT_BYTES, dtype=torch.uint8)
     _ALL_GATHER(out, slot, group=control)
-    keepalive.last_round(control, slot, out)  # a gloo worker may drop them after us
     rows = out.view(n, SLOT_BYTES)
     heads = [int(rows[i, :8].view(torch.int64)[0]) for i in range(n)]
     if all(h >= 0 for h in heads):

@@ -34,7 +34,6 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from hvdrunner.engine import keepalive
 from hvdrunner.engine.negotiator import Negotiator
 from hvdrunner.engine.requests import AVERAGE, SUM, result_factor
 from hvdrunner.errors import HorovodInternalError
@@ -137,14 +136,11 @@ class Lane:
         self.broken: str | None = None
         self.steps = 0  # steps of the owner's on the lane, served ones included (join())
         self._made_of: Sources = ()
-        self.in_flight: list[torch.Tensor] = []  # this step's buffers (engine/keepalive.py)
 
     def release(self) -> None:
         """At ``shutdown()``: drop the process group (the owner may outlive the engine)."""
         self.group = None
         self.broken = "Horovod has been shut down; call hvd.init() first."
-        keepalive.keep(self.in_flight)  # a step whose peer never came is still in gloo
-        self.in_flight = []
 
     def claim(self, owner: object) -> bool:
         """Whether ``owner`` may use the lane (the first to ask owns it)."""
@@ -232,7 +228,6 @@ class Step:
                  changed: str | None = None) -> None:  # fmt: skip
         self._lane, self._layout = lane, layout
         self._changed = changed
-        lane.in_flight = []  # a new step: the last one's collectives have ended
         # A changed rank sends fingerprint 0: the sum then differs from stepped * fingerprint.
         fp = 0.0 if changed else float(layout.fingerprint())
         self._header = (1.0, fp) if stepping else (0.0, 0.0)
@@ -275,7 +270,6 @@ class Step:
             buf[:grads].mul_(layout.pre)
         work = dist.all_reduce(buf, op=dist.ReduceOp.SUM, group=self._lane.group, async_op=True)
         self._posted.append((work, buf))
-        self._lane.in_flight.append(buf)
 
     def wait(self, index: int) -> torch.Tensor:
         work, buf = self._posted[index]

@@ -88,7 +88,7 @@ def init(comm: Any = None, process_sets: Sequence[ProcessSet] | None = None) -> 
     with _lock:
         if _engine is not None:
             return
-        keepalive.forget()  # an earlier init()'s groups are gone, their workers joined
+        keepalive.join()  # an earlier shutdown's groups that were still held then
         settings = Settings.from_environment()
         env = world.World.from_environment()
         groups, topology = world.join_world(env, settings)
@@ -115,18 +115,24 @@ def shutdown() -> None:
         engine, _engine = _engine, None
         if engine is None:
             return
-        for ps_id in sorted(engine.sets, reverse=True):  # the global set last
-            _close_set(engine.sets[ps_id], destroy=ps_id != 0)
-        if all(s.negotiator is None or not s.negotiator.alive() for s in engine.sets.values()):
-            world.leave_world(engine.groups)
-        _release(engine)
-        set_registry.bind(None)
-        timeline.stop()
-    # The engine's last references to its process groups go here, so torch joins their worker
-    # threads now, while Python runs. Left to the interpreter's exit, a worker that finishes
-    # a collective after Python stopped drops a tensor without the GIL and aborts the process
-    # ("terminate called without an active exception": 4-6 of 10 two-rank runs that ended
-    # without hvd.shutdown()).
+        _leave(engine)
+        del engine  # the engine's last references to its groups
+        # Their workers are joined here, while Python runs and with the GIL released
+        # (engine/keepalive.py). Left to the interpreter's exit, a worker that finishes a
+        # collective after Python stopped drops a tensor without the GIL and aborts the
+        # process ("terminate called without an active exception": 4-6 of 10 two-rank runs
+        # that ended without hvd.shutdown()).
+        keepalive.join()
+
+
+def _leave(engine: Engine) -> None:
+    for ps_id in sorted(engine.sets, reverse=True):  # the global set last
+        _close_set(engine.sets[ps_id], destroy=ps_id != 0)
+    if all(s.negotiator is None or not s.negotiator.alive() for s in engine.sets.values()):
+        world.leave_world(engine.groups)
+    _release(engine)
+    set_registry.bind(None)
+    timeline.stop()
 
 
 def _release(engine: Engine) -> None:
@@ -145,20 +151,9 @@ def _close_set(found: ProcessSetState, destroy: bool) -> None:
     if found.negotiator is not None:
         found.negotiator.close()
         if destroy and not found.negotiator.alive():
-            _destroy(found.negotiator.control)
+            keepalive.destroy(found.negotiator.control)
     if destroy:
-        _destroy(found.data)
-
-
-def _destroy(group: Any) -> None:
-    """Destroy a process set's group; a rank outside the set holds a placeholder, which
-    torch would take for the default group."""
-    if group is None or group is dist.GroupMember.NON_GROUP_MEMBER:
-        return
-    try:
-        dist.destroy_process_group(group)
-    except (RuntimeError, ValueError):
-        pass
+        keepalive.destroy(found.data)
 
 
 def is_initialized() -> bool:

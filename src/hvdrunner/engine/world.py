@@ -33,6 +33,7 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
+from hvdrunner.engine import keepalive
 from hvdrunner.engine.settings import INIT_TIMEOUT_ENV, Settings
 
 #: How long a negotiation round may wait for a peer that is busy computing: Horovod has no
@@ -295,13 +296,9 @@ def _host_name() -> str:
 
 
 def leave_world(groups: Groups) -> None:
-    """Destroy this init's groups (and torch's default group when this init made it)."""
+    """Destroy this init's groups (and torch's default group when this init made it); their
+    workers are joined by ``keepalive.join()`` once the engine has let go of them."""
     for group in (groups.data, groups.control, groups.lane):
-        if group is None:
-            continue
-        try:
-            dist.destroy_process_group(group)
-        except (RuntimeError, ValueError):  # already gone with a failed peer
-            pass
-    if groups.owns_default and dist.is_initialized():
-        dist.destroy_process_group()
+        keepalive.destroy(group)
+    if groups.owns_default:
+        keepalive.destroy_default()
