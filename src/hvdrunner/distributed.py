@@ -112,14 +112,19 @@ def attempt() -> int:
     return int(os.environ.get(ATTEMPT_ENV, "1"))
 
 
-def is_rank0() -> bool:
-    """True on the rank that owns side effects (logging, checkpoints, MLflow).
+def is_rank0(live_rank: int | None = None) -> bool:
+    """True on the rank that owns side effects (logging, checkpoints, MLflow): by
+    ``live_rank`` where the caller holds one (an engine's or Horovod's own, which an elastic
+    reset may renumber while the environment stays as the launcher set it), else by
+    :func:`rank`.
 
     Example:
         >>> is_rank0()  # outside a job
         True
+        >>> is_rank0(live_rank=1)
+        False
     """
-    return rank() == 0
+    return (rank() if live_rank is None else live_rank) == 0
 
 
 def on_rank0(fn: F) -> F:

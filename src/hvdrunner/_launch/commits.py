@@ -38,6 +38,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from hvdrunner import distributed
+
 #: Set by the driver in every rank of an attempt that resumes from a commit.
 RESUME_ENV = "HVDRUNNER_ELASTIC_RESUME"
 #: Set by the supervisor in rank 0 of such an attempt: the file holding the commit.
@@ -95,7 +97,7 @@ def _patch(elastic: Any) -> None:
         # horovod 0.28.1's State.commit (save, then check for host updates), recording the
         # saved state in between.
         self.save()
-        if self._rank() == 0:
+        if distributed.is_rank0(live_rank=self._rank()):  # Horovod's, after a reset too
             _record(self)
         self.check_host_updates()
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
+from hvdrunner import distributed
 from hvdrunner.engine import state, timeline, world
 
 
@@ -67,7 +68,7 @@ def ccl_built() -> bool:
 def start_timeline(file_path: str, mark_cycles: bool = False) -> None:
     """Record rank 0's collectives into ``file_path`` as a Chrome trace (engine.timeline)."""
     state.current()
-    if state.rank() == 0:
+    if distributed.is_rank0(live_rank=state.rank()):
         timeline.start(file_path, mark_cycles)
 
 

@@ -19,6 +19,7 @@ from typing import Any
 
 import torch.distributed as dist
 
+from hvdrunner import distributed
 from hvdrunner.engine import execute, keepalive, negotiator, timeline, world
 from hvdrunner.engine import lane as gradient_lane
 from hvdrunner.engine import process_sets as set_registry
@@ -103,7 +104,7 @@ def init(comm: Any = None, process_sets: Sequence[ProcessSet] | None = None) -> 
         for ps in process_sets or ():
             add_process_set(ps)
         path = settings.timeline
-        if path and path != "DYNAMIC" and topology.rank == 0:
+        if path and path != "DYNAMIC" and distributed.is_rank0(live_rank=topology.rank):
             timeline.start(path)
 
 

@@ -17,6 +17,7 @@ import sys
 
 import cloudpickle
 
+from hvdrunner import distributed
 from hvdrunner._launch import commits, protocol
 from hvdrunner._launch.protocol import PipeWriter, error_report
 from hvdrunner._logging import get_logger
@@ -96,7 +97,7 @@ def main(payload_path: str) -> int:
     from hvdrunner._launch.rank import watchdog
 
     watchdog.start(control.send, _listed(LIBRARY_DIRS_ENV))
-    rank = int(os.environ.get("HOROVOD_RANK", "0"))
+    rank = distributed.rank()
     try:
         _run_hooks(RANK_SETUP_ENV)  # the caller's hooks, before user code
         with open(payload_path, "rb") as f:
@@ -111,7 +112,7 @@ def main(payload_path: str) -> int:
     _run_hooks(RANK_TEARDOWN_ENV)  # e.g. leave Horovod's ring in order
     sys.stdout.flush()
     sys.stderr.flush()
-    if rank == 0:
+    if distributed.is_rank0():
         # Only rank 0's value goes back; other ranks may return unpicklable things freely.
         try:
             blob = cloudpickle.dumps(value)
