@@ -345,6 +345,11 @@ def DistributedOptimizer(  # noqa: N802 - Horovod's name
     cls._hvd_base = cls
     wrapped: Any = object.__new__(cls)
     torch.optim.Optimizer.__init__(wrapped, optimizer.param_groups, optimizer.defaults)
+    # What the user's optimizer made in its own __init__ (torch < 2.4's Adagrad: each
+    # parameter's "sum", which its step() reads) or loaded since, and its own attributes.
+    wrapped.state.update(optimizer.state)
+    for key, value in vars(optimizer).items():
+        wrapped.__dict__.setdefault(key, value)
     named = list(named_parameters) if named_parameters is not None else None
     wrapped._hvd_setup(named, compression, backward_passes_per_step, op,
                        gradient_predivide_factor, groups, sparse_as_dense, process_set)  # fmt: skip
