@@ -11,7 +11,6 @@ from __future__ import annotations
 import json
 import os
 import sys
-import tempfile
 import time
 import traceback
 from collections.abc import Callable
@@ -209,7 +208,7 @@ def main(out: str) -> None:
 
     @check
     def timeline_is_a_chrome_trace() -> None:
-        path = os.path.join(tempfile.gettempdir(), f"hvdrunner-timeline-{os.getpid()}.json")
+        path = os.path.join(out, f"timeline-{os.getpid()}.json")  # the test's folder, not /tmp
         hvd.start_timeline(path)
         hvd.allreduce(torch.ones(2), name="traced")
         hvd.stop_timeline()
