@@ -345,8 +345,8 @@ def DistributedOptimizer(  # noqa: N802 - Horovod's name
     cls._hvd_base = cls
     wrapped: Any = object.__new__(cls)
     torch.optim.Optimizer.__init__(wrapped, optimizer.param_groups, optimizer.defaults)
-    # What the user's optimizer made in its own __init__ (torch < 2.4's Adagrad: each
-    # parameter's "sum", which its step() reads) or loaded since, and its own attributes.
+    # What the user's optimizer made in its own __init__ (Adagrad's per-parameter "sum",
+    # which its step() reads: torch 2.3.1 and 2.9 alike) or loaded since, and its attributes.
     wrapped.state.update(optimizer.state)
     for key, value in vars(optimizer).items():
         wrapped.__dict__.setdefault(key, value)
