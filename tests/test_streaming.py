@@ -132,11 +132,19 @@ def _epochs(data, batch_size, epochs):
 
 
 def _two_epochs(data, batch_size):
+    """Two epochs' batches on this rank, and how its decoding workers ended once the feed was
+    dropped (as a training loop drops it): 0 each, not killed after the DataLoader's timeout."""
+    import multiprocessing
+
     from hvdrunner import hvd_torch as hvd
 
     hvd.init()
-    mine = _epochs(data, batch_size, 2)
-    return hvd.allgather_object(mine)
+    feed = data.batches(batch_size, seed=3)
+    steps = data.steps_per_epoch(batch_size)
+    mine = [[next(feed)["id"].tolist() for _ in range(steps)] for _ in range(2)]
+    workers = multiprocessing.active_children()
+    del feed
+    return hvd.allgather_object((mine, [w.exitcode for w in workers]))
 
 
 # What differs by Streaming version runs on both replicas; the launcher's other mode, the
@@ -149,7 +157,11 @@ ON_18 = pytest.mark.stacks("18")
 def test_rows_that_do_not_divide_give_every_rank_equal_steps_and_every_row(spark, tmp_path, np_):
     data = write_mds(spark.range(101).toDF("id").repartition(5), str(tmp_path / "odd"))
     assert data.steps_per_epoch(8, num_ranks=2) == 7  # 51 samples a rank
-    ranks = HorovodRunner(np=np_).run(_two_epochs, data=data, batch_size=8)
+    got = HorovodRunner(np=np_).run(_two_epochs, data=data, batch_size=8)
+    # Dropped, the feed stopped its 2 workers there and then (a rank's DataLoader sits in a
+    # reference cycle: left to the collector, each waited out a 5 s timeout and was killed).
+    assert [exits for _, exits in got] == [[0, 0], [0, 0]]
+    ranks = [batches for batches, _ in got]
     for epoch in range(2):
         per_rank = [ranks[r][epoch] for r in range(2)]
         assert [len(b) for b in per_rank] == [7, 7] and [len(b[-1]) for b in per_rank] == [3, 3]

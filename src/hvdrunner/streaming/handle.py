@@ -99,6 +99,19 @@ def in_python_thread(make: Callable[[], Iterator[Any]], depth: int = 2) -> Itera
         stop.set()
 
 
+def stop_workers(loader: Any) -> None:
+    """Stop ``loader``'s worker processes now, while its queues are alive.
+
+    Why: left to the garbage collector (a rank's DataLoader sits in a reference cycle), the
+    queues' finalizers run first and stop the thread that would send each worker its stop
+    message; the DataLoader then waits out its 5 s timeout per worker before killing it: 10 s
+    at the end of every 2-worker feed, measured on torch 2.9.
+    """
+    stop = getattr(getattr(loader, "_iterator", None), "_shutdown_workers", None)
+    if stop is not None:
+        stop()
+
+
 def _release_at_rank_end(ds: Any) -> None:
     """The dataset's shared memory and file locks on this host (Streaming names them by the
     prefix it registered), removed when the rank ends: a rank leaves with ``os._exit`` or is
@@ -231,22 +244,26 @@ class MdsData:
         loader = self.loader(batch_size, shuffle=shuffle, seed=seed, first_epoch=first_epoch,
                              first_step=first_step)  # fmt: skip
         epoch, want = first_epoch, steps - first_step
-        while True:
-            it, got = iter(loader), 0
-            for batch in it:
-                got += 1
-                if got > want:
-                    break
-                yield batch
-            if got != want:
-                raise RuntimeError(
-                    f"rank {rank()}: Mosaic Streaming gave {'more than ' if got > want else ''}"
-                    f"{min(got, want)} batches in epoch {epoch}, where every rank must run "
-                    f"{want} ({self.num_rows} rows, {size()} ranks, batch_size={batch_size}): "
-                    f"the ranks would fall out of step. Were the shards at {self.path} changed?"
-                )
-            del it
-            epoch, want = epoch + 1, steps
+        try:
+            while True:
+                it, got = iter(loader), 0
+                for batch in it:
+                    got += 1
+                    if got > want:
+                        break
+                    yield batch
+                if got != want:
+                    raise RuntimeError(
+                        f"rank {rank()}: Mosaic Streaming gave "
+                        f"{'more than ' if got > want else ''}{min(got, want)} batches in epoch "
+                        f"{epoch}, where every rank must run {want} ({self.num_rows} rows, "
+                        f"{size()} ranks, batch_size={batch_size}): the ranks would fall out "
+                        f"of step. Were the shards at {self.path} changed?"
+                    )
+                del it
+                epoch, want = epoch + 1, steps
+        finally:  # the feed closed, dropped or failed
+            stop_workers(loader)
 
     @contextlib.contextmanager
     def tf_dataset(
