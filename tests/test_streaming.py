@@ -7,11 +7,13 @@ ships mosaicml-streaming 0.13.0 as 18 LTS ML does."""
 from __future__ import annotations
 
 import functools
+import importlib.metadata as md
 import json
 import os
 
 import numpy as np
 import pytest
+from packaging.version import Version
 
 from helpers import digits as digit_data
 from helpers.docblocks import block, run_as_notebook
@@ -20,9 +22,11 @@ from hvdrunner._launch.assignments import assign
 from hvdrunner.streaming import write_mds
 from hvdrunner.streaming.world import problem
 
-# 15.4 (Streaming 0.7.4) passed all of these once, then hung in later runs (2026-12-06):
-# on 18 only until that is explained (docs/streaming.md, "Known problems").
-pytestmark = [pytest.mark.torch, pytest.mark.streaming, pytest.mark.stacks("18")]
+# Each runtime's own Streaming: 15.4 ships 0.7.4, 18 0.13.0 (16.4 and 17.3: the smoke tests).
+pytestmark = [pytest.mark.torch, pytest.mark.streaming, pytest.mark.stacks("15.4", "18")]
+#: The runtime smoke tests of Streaming (a DataFrame to shards; equal steps under
+#: HorovodRunner): every replica that ships it.
+EVERY_STREAMING = pytest.mark.stacks("15.4", "16.4", "17.3", "18")
 
 
 def _kinds_frame(spark):
@@ -51,6 +55,7 @@ def _read_all(path: str) -> list[dict]:
     return [ds[k] for k in range(ds.num_samples)]
 
 
+@EVERY_STREAMING
 def test_every_kind_of_column_reads_back_as_written(spark, tmp_path):
     path = str(tmp_path / "kinds")
     data = write_mds(_kinds_frame(spark), path, dtype=None)
@@ -152,7 +157,8 @@ def _two_epochs(data, batch_size):
 ON_18 = pytest.mark.stacks("18")
 
 
-@pytest.mark.parametrize("np_", [2, pytest.param(-2, marks=ON_18)],
+@pytest.mark.parametrize("np_", [pytest.param(2, marks=EVERY_STREAMING),
+                                 pytest.param(-2, marks=ON_18)],
                          ids=["spark-tasks", "driver-processes"])  # fmt: skip
 def test_rows_that_do_not_divide_give_every_rank_equal_steps_and_every_row(spark, tmp_path, np_):
     data = write_mds(spark.range(101).toDF("id").repartition(5), str(tmp_path / "odd"))
@@ -183,7 +189,6 @@ def _resumed_mid_epoch(data, batch_size):
     return hvd.allgather_object((whole, resumed))
 
 
-@ON_18  # on 15.4 (Streaming 0.7.4) this job hung (2026-12-06): not explained yet
 def test_a_feed_resumed_mid_epoch_reads_the_rest_of_that_epoch_on_every_rank(spark, tmp_path):
     data = write_mds(spark.range(90).toDF("id"), str(tmp_path / "mid"))
     for whole, resumed in HorovodRunner(np=-2).run(_resumed_mid_epoch, data=data, batch_size=8):
@@ -191,6 +196,34 @@ def test_a_feed_resumed_mid_epoch_reads_the_rest_of_that_epoch_on_every_rank(spa
         assert resumed[3:] == whole[2] != whole[1]  # then epoch 2, as it was
     with pytest.raises(ValueError, match=r"first_step=12 must be an int in \[0, 12\)"):
         next(data.batches(8, first_step=12))  # 90 samples, one rank here
+
+
+def _two_datasets_alive(data):
+    """A second dataset over the same shards while the first is still held."""
+    from hvdrunner import hvd_torch as hvd
+
+    hvd.init()
+    first = data.dataset(8)
+    try:
+        second = data.dataset(8)
+    except RuntimeError as exc:
+        return str(exc)
+    ids = [int(s["id"]) for s in second]  # read in this process: no DataLoader workers
+    del first
+    return hvd.allgather_object(sorted(ids))
+
+
+@pytest.mark.timeout(120)
+def test_a_second_dataset_over_the_same_shards_reads_or_is_refused_never_hangs(spark, tmp_path):
+    # Streaming before 0.11 gives the ranks of a host different shared memory when an earlier
+    # dataset over the folder is alive (its loaders then waited for each other forever on the
+    # 15.4 replica); hvdrunner refuses that. Later versions read the second one as they should.
+    data = write_mds(spark.range(40).toDF("id"), str(tmp_path / "twice"))
+    got = HorovodRunner(np=-2).run(_two_datasets_alive, data=data)
+    if Version(md.version("mosaicml-streaming")) < Version("0.11"):
+        assert "another StreamingDataset over the same folder is alive" in got, got
+    else:
+        assert sorted(got[0] + got[1]) == list(range(40))
 
 
 def test_a_resumed_epoch_is_the_epoch_an_uninterrupted_run_reads(spark, tmp_path):

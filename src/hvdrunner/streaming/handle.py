@@ -16,6 +16,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import functools
+import gc
 import math
 import os
 import queue
@@ -196,9 +197,13 @@ class MdsData:
         from streaming import StreamingDataset
 
         options.setdefault("num_canonical_nodes", world.nodes())
+        # An earlier dataset that is garbage in a reference cycle still holds its shared
+        # memory registration until collected (world.check_registration says why it matters).
+        gc.collect()
         ds = StreamingDataset(local=self.path, batch_size=batch_size, shuffle=shuffle,
                               shuffle_seed=seed, **options)  # fmt: skip
         _release_at_rank_end(ds)
+        world.check_registration(int(ds._shm_prefix_int))
         return ds
 
     def loader(

@@ -17,6 +17,7 @@ Example:
 from __future__ import annotations
 
 import os
+from typing import Any
 
 from hvdrunner import distributed
 
@@ -79,6 +80,37 @@ def check() -> None:
         )
 
 
+def check_registration(prefix: int) -> None:
+    """Refuse a dataset whose ranks on one host registered different shared memory.
+
+    Why: Streaming before 0.11 (15.4 ships 0.7.4) has a host's first rank take the next free
+    prefix and the others the first one registered for the same folder. With an earlier
+    dataset over that folder still alive in a rank, the two differ, and the host's DataLoader
+    workers then wait for each other in Streaming's barrier forever: a silent hang, found on
+    the 15.4 replica. Later versions raise instead.
+
+    Raises:
+        RuntimeError: two ranks of one host hold different prefixes.
+    """
+    import torch.distributed as dist
+
+    if distributed.size() == 1 or not _torch_group():
+        return
+    node = distributed.rank() // distributed.local_size()
+    got: list[Any] = [None] * distributed.size()
+    dist.all_gather_object(got, (node, prefix))
+    for r, (their_node, theirs) in enumerate(got):
+        if their_node == node and theirs != prefix:
+            raise RuntimeError(
+                f"hvdrunner.streaming: rank {distributed.rank()} registered this dataset's "
+                f"shared memory as {prefix:06}, rank {r} on the same host as {theirs:06}: "
+                f"another StreamingDataset over the same folder is alive in one of them, and "
+                f"Mosaic Streaming before 0.11 then gives the ranks different memory (their "
+                f"loaders would wait for each other forever). Drop the earlier dataset (and "
+                f"its DataLoader) first, or use Streaming 0.11 or later."
+            )
+
+
 def _torch_group() -> bool:
     import torch.distributed as dist
 
@@ -90,4 +122,4 @@ def nodes() -> int:
     return max(1, distributed.size() // distributed.local_size())
 
 
-__all__ = ["check", "nodes", "problem"]
+__all__ = ["check", "check_registration", "nodes", "problem"]
