@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 import hvdrunner
+from hvdrunner import doctor
 from hvdrunner.doctor import evaluate_build, evaluate_stack
 
 GOOD_BUILD = {
@@ -272,3 +273,16 @@ print(json.dumps({{"meta": [meta("pyspark"), meta("mlflow")], "versions": versio
     assert out["versions"]["pyspark"] == pyspark.__version__
     assert out["versions"]["mlflow"] == mlflow.__version__
     assert out["checks"]["pyspark"] is True and out["checks"]["mlflow"] is True
+
+
+def test_an_extension_that_crashes_its_interpreter_is_reported_not_loaded(tmp_path, monkeypatch):
+    # A horovod library built against another framework can abort the interpreter that
+    # loads it: the doctor loads each in one of its own, and reads the flags where it loaded.
+    (tmp_path / "aborts_on_import.py").write_text("import os\nos.abort()\n")
+    (tmp_path / "loads_fine.py").write_text(
+        "gloo_built = lambda: 1\nmpi_built = lambda: 0\nnccl_built = lambda: False\n"
+    )
+    monkeypatch.setenv("PYTHONPATH", str(tmp_path))
+    assert doctor._probe("aborts_on_import") is None
+    assert doctor._probe("loads_fine") == {"gloo_built": True, "mpi_built": False,
+                                           "nccl_built": False}  # fmt: skip
