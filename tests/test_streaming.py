@@ -311,33 +311,6 @@ def test_the_python_thread_feed_passes_items_and_the_error_through_and_stops_whe
     assert closed == [True]
 
 
-def _kills_rank1_in_epoch3(build, flag: str, steps: int):
-    """``build()``'s model, whose forward SIGKILLs rank 1 once (flag file) at epoch 3's first
-    batch, after rank 0 saved epoch 2's checkpoint."""
-    import signal
-
-    import torch
-
-    class Killing(torch.nn.Module):
-        def __init__(self) -> None:
-            super().__init__()
-            self.inner, self.calls = build(), 0
-
-        def forward(self, x):
-            if self.training:
-                self.calls += 1
-                if self.calls == 2 * steps + 1 and not os.path.exists(flag):
-                    import hvdrunner.hvd_torch as hvd  # fit's engine
-
-                    hvd.allreduce(torch.zeros(1), name="before-kill")
-                    if hvd.rank() == 1:
-                        open(flag, "w").close()
-                        os.kill(os.getpid(), signal.SIGKILL)
-            return self.inner(x)
-
-    return Killing()
-
-
 @ON_18
 def test_the_image_recipe_trains_from_mds_shards_decoded_in_the_loader_workers(spark, tmp_path):
     """Databricks' flowers recipe with Streaming as the feed: JPEG bytes written as MDS
@@ -346,14 +319,15 @@ def test_the_image_recipe_trains_from_mds_shards_decoded_in_the_loader_workers(s
     import hvdrunner.torch
     from hvdrunner.examples.images import decode_spec
     from test_image_recipes import flat_model, flowers
+    from test_torch_fit import KillRank1InEpoch3
 
     train, _ = flowers(spark, tmp_path / "flowers")
     shards = write_mds(train, str(tmp_path / "flowers-mds"), columns=["content", "label_index"])
     assert dict(shards.columns) == {"content": "bytes", "label_index": "float32"}
     data = shards.transformed(decode_spec(32), "features", "label_index")
     flag = str(tmp_path / "killed")
-    build = functools.partial(_kills_rank1_in_epoch3, flat_model, flag,
-                              data.steps_per_epoch(16, num_ranks=2))  # fmt: skip
+    build = functools.partial(KillRank1InEpoch3, flag, data.steps_per_epoch(16, num_ranks=2),
+                              flat_model)  # fmt: skip
     before = _streaming_shm()
     result = HorovodRunner(np=2, max_restarts=1).run(
         hvdrunner.torch.fit, build_model=build, data=data, epochs=4, batch_size=16,

@@ -200,16 +200,17 @@ def test_uneven_spark_partitions_still_give_every_rank_equal_steps(spark, tmp_pa
 
 
 class KillRank1InEpoch3:
-    """A Linear-like model that, once (flag file), SIGKILLs rank 1 at epoch 3's first batch."""
+    """A model that, once (flag file), SIGKILLs rank 1 at epoch 3's first batch: ``build()``'s,
+    or by default a small MLP for the digits."""
 
-    def __new__(cls, flag: str, steps: int):
+    def __new__(cls, flag: str, steps: int, build=None):
         import torch
 
         class Net(torch.nn.Module):
             def __init__(self) -> None:
                 super().__init__()
-                self.body = torch.nn.Sequential(torch.nn.Linear(64, 32), torch.nn.ReLU(),
-                                                torch.nn.Linear(32, 10))  # fmt: skip
+                self.body = build() if build is not None else torch.nn.Sequential(
+                    torch.nn.Linear(64, 32), torch.nn.ReLU(), torch.nn.Linear(32, 10))  # fmt: skip
                 self.calls = 0
 
             def forward(self, x):

@@ -100,7 +100,7 @@ def in_python_thread(make: Callable[[], Iterator[Any]], depth: int = 2) -> Itera
         stop.set()
 
 
-def stop_workers(loader: Any) -> None:
+def _stop_workers(loader: Any) -> None:
     """Stop ``loader``'s worker processes now, while its queues are alive.
 
     Why: left to the garbage collector (a rank's DataLoader sits in a reference cycle), the
@@ -268,7 +268,7 @@ class MdsData:
                 del it
                 epoch, want = epoch + 1, steps
         finally:  # the feed closed, dropped or failed
-            stop_workers(loader)
+            _stop_workers(loader)
 
     @contextlib.contextmanager
     def tf_dataset(

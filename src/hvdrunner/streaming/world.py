@@ -96,7 +96,7 @@ def check_registration(prefix: int) -> None:
 
     if distributed.size() == 1 or not _torch_group():
         return
-    node = distributed.rank() // distributed.local_size()
+    node = distributed.cross_rank()  # the host's index (check() saw ranks numbered by host)
     got: list[Any] = [None] * distributed.size()
     dist.all_gather_object(got, (node, prefix))
     for r, (their_node, theirs) in enumerate(got):
