@@ -14,6 +14,13 @@ import pytest
 
 # TF's C++ banner lines are noise in test output; errors still show.
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+# Every JVM the tests start (the session's Spark, the subprocesses' - notebooks, the stand-in's
+# tasks, the clusters' drivers and daemons) lives for seconds to minutes: C1 alone compiles
+# what it runs, where C2's compiler threads spent CPU on code the JVM leaves before it pays
+# (a local session that starts, groups and writes: 8 CPU-s instead of 14 on 2 cores). Set
+# here, every subprocess inherits it; a user's sessions keep the JVM's default.
+for _jvm_options in ("SPARK_SUBMIT_OPTS", "SPARK_DAEMON_JAVA_OPTS"):
+    os.environ.setdefault(_jvm_options, "-XX:TieredStopAtLevel=1")
 os.environ["PYSPARK_PYTHON"] = sys.executable
 os.environ["PYSPARK_DRIVER_PYTHON"] = sys.executable
 
@@ -208,6 +215,15 @@ def empty_mlflow_db(tmp_path_factory: pytest.TempPathFactory) -> Path:
     path = tmp_path_factory.mktemp("mlflow-template") / "mlflow.db"
     mlflow.MlflowClient(tracking_uri=f"sqlite:///{path}").search_experiments()
     return path
+
+
+@pytest.fixture
+def tracking_db(tmp_path: Path, empty_mlflow_db: Path) -> str:
+    """The sqlite tracking URI a test's subprocesses use (notebooks, the stand-in's tasks): a
+    copy of the migrated database at ``tmp_path/mlflow.db``, as a workspace's tracking server
+    is there before a job runs (a new file costs its first process MLflow's migrations)."""
+    shutil.copyfile(empty_mlflow_db, tmp_path / "mlflow.db")
+    return f"sqlite:///{tmp_path / 'mlflow.db'}"
 
 
 #: Where MLflow keeps a registry URI once set: its module global, and (MLflow 3) an

@@ -84,10 +84,10 @@ def _notebooks(*names: str, params: dict[str, str], tv: Path, cwd: Path,
 
 @pytest.mark.torch
 @pytest.mark.timeout(600)
-def test_a_task_retry_continues_the_run_and_its_checkpoints(tmp_path):
+def test_a_task_retry_continues_the_run_and_its_checkpoints(tmp_path, tracking_db):
     import mlflow
 
-    env = {**os.environ, "MLFLOW_TRACKING_URI": f"sqlite:///{tmp_path / 'mlflow.db'}"}
+    env = {**os.environ, "MLFLOW_TRACKING_URI": tracking_db}
     tv = tmp_path / "task_values.json"
     # The kill comes at the first checkpoint, whichever it is: a wait for one named folder
     # (epoch-00002) missed it on a CI run (the notebook keeps its last 3, and digits epochs

@@ -49,11 +49,11 @@ def test_there_are_five_notebooks():
 @pytest.mark.stacks("18")
 @pytest.mark.timeout(600)
 @pytest.mark.parametrize("feed", ["prepare", "streaming"])
-def test_the_image_notebook_runs_end_to_end_on_generated_images(tmp_path, feed):
+def test_the_image_notebook_runs_end_to_end_on_generated_images(tmp_path, tracking_db, feed):
     """04_images as the local runner runs it: JPEG files -> binaryFile table -> prepare (or
     Mosaic Streaming's MDS shards) -> decoded on 2 ranks -> a CNN logged to MLflow -> the
     held-out images scored."""
-    env = {**os.environ, "MLFLOW_TRACKING_URI": f"sqlite:///{tmp_path / 'mlflow.db'}"}
+    env = {**os.environ, "MLFLOW_TRACKING_URI": tracking_db}
     proc = subprocess.run(
         [sys.executable, "-m", "hvdrunner.notebook", "run", str(ROOT / "notebooks" / "04_images.py"),
          "--task-values", str(tmp_path / "tv.json"), "--param", "epochs=4", "--param",

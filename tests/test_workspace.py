@@ -274,14 +274,14 @@ def test_dev_keras_job_needs_nothing_built_and_the_compiled_target_builds_once(t
 @pytest.mark.keras
 @pytest.mark.stacks("15.4")
 @pytest.mark.timeout(900)
-def test_lts_keras_job_runs_on_what_15_4_ships(tmp_path):
+def test_lts_keras_job_runs_on_what_15_4_ships(tmp_path, tracking_db):
     """Target ``lts`` on its runtime's replica: no TensorFlow library (15.4 ships 2.16.1),
     hvdrunner's wheel alone, MLflow 2.13's client registering the job's model."""
     ws = StandIn(tmp_path, "lts", VALUES | FAST, USER)
     assert all("pypi" not in lib for task in ws.job("hvdrunner_train")["tasks"]
                for lib in task.get("libraries", []))  # fmt: skip
     ws.deploy()
-    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"  # the registry, local in place of Unity Catalog
+    uri = tracking_db  # the registry, local in place of Unity Catalog
     values = ws.run_job("hvdrunner_train",
                         env={"MLFLOW_TRACKING_URI": uri, "MLFLOW_REGISTRY_URI": uri})  # fmt: skip
     assert values["batch_inference"]["test_accuracy"] > 0.8
@@ -292,7 +292,7 @@ def test_lts_keras_job_runs_on_what_15_4_ships(tmp_path):
 @pytest.mark.torch
 @pytest.mark.stacks("19")
 @pytest.mark.timeout(900)
-def test_dev_torch_job_and_keras_on_torch_need_nothing_built(tmp_path):
+def test_dev_torch_job_and_keras_on_torch_need_nothing_built(tmp_path, tracking_db):
     # A team's workspace: prod's principal deployed first (its volumes and their grants), so
     # the member's job runs in a team volume it does not own and must leave prod's untouched.
     sp = PROD["service_principal"]
@@ -300,7 +300,7 @@ def test_dev_torch_job_and_keras_on_torch_need_nothing_built(tmp_path):
     ws = StandIn(tmp_path, "dev", VALUES | FAST, USER)
     assert ws.volumes.get("ml.team_a.hvdrunner")["owner"] == sp
     ws.deploy()
-    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"  # the registry, local in place of Unity Catalog
+    uri = tracking_db  # the registry, local in place of Unity Catalog
     values = ws.run_job("hvdrunner_train_torch",
                         env={"MLFLOW_TRACKING_URI": uri, "MLFLOW_REGISTRY_URI": uri})  # fmt: skip
     assert values["batch_inference"]["test_accuracy"] > 0.8  # nothing built before it
@@ -379,10 +379,10 @@ def test_the_install_cell_and_the_doctor_cell_pass_on_the_runtime(tmp_path):
 
 @pytest.mark.torch
 @pytest.mark.timeout(600)
-def test_notebooks_opened_by_hand_run_01_02_03_with_their_defaults(tmp_path):
+def test_notebooks_opened_by_hand_run_01_02_03_with_their_defaults(tmp_path, tracking_db):
     """As a user runs them one by one in a workspace: no task values (``--interactive``), no
     parameter set; each finds what the one before wrote."""
-    env = {**os.environ, "MLFLOW_TRACKING_URI": f"sqlite:///{tmp_path / 'mlflow.db'}"}
+    env = {**os.environ, "MLFLOW_TRACKING_URI": tracking_db}
     for name, params in (("01_prepare_data.py", []), ("02_train_torch.py", ["--param", "epochs=2"]),
                          ("03_batch_inference.py", ["--param", "train_task=train_torch"])):  # fmt: skip
         proc = subprocess.run(
