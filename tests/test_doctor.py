@@ -10,7 +10,6 @@ from pathlib import Path
 import pytest
 
 import hvdrunner
-from hvdrunner import doctor
 from hvdrunner.doctor import evaluate_build, evaluate_stack
 
 GOOD_BUILD = {
@@ -283,6 +282,8 @@ def test_an_extension_that_crashes_its_interpreter_is_reported_not_loaded(tmp_pa
         "gloo_built = lambda: 1\nmpi_built = lambda: 0\nnccl_built = lambda: False\n"
     )
     monkeypatch.setenv("PYTHONPATH", str(tmp_path))
-    assert doctor._probe("aborts_on_import") is None
-    assert doctor._probe("loads_fine") == {"gloo_built": True, "mpi_built": False,
-                                           "nccl_built": False}  # fmt: skip
+    from hvdrunner.doctor import build
+
+    assert build._probe("aborts_on_import") is None
+    assert build._probe("loads_fine") == {"gloo_built": True, "mpi_built": False,
+                                          "nccl_built": False}  # fmt: skip
