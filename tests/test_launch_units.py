@@ -122,6 +122,43 @@ def test_lost_host_outranks_the_failures_it_causes_on_other_hosts():
     assert info.value.summary.startswith("Lost host node-b (10.9.9.9) with rank(s) [1]")
 
 
+def test_a_ranks_own_exception_that_reports_after_the_abort_is_still_named_the_cause():
+    # Under load (CI's small suites beside 19's), rank 1 raised, its peer's collective failed
+    # and reported first, and the verdict's abort reached rank 1's supervisor while it was
+    # still collecting its rank's output: rank 1's report, marked stopped, came during the
+    # drain and carried the real cause, which the verdict ignored (it named rank 0).
+    service = DriverService(2, b"k" * 32, rendezvous_addr="127.0.0.1", bind="127.0.0.1")
+    a = _registered_task(service, 0, "node-a")
+    b = _registered_task(service, 1, "node-a")
+    gone = protocol.ErrorReport("HorovodInternalError", "hvdrunner.errors",
+                                "a collective failed on rank 0: Connection closed by peer", "")  # fmt: skip
+    own = protocol.ErrorReport("ValueError", "builtins", "bad shard on rank 1", "")
+
+    def next_order(chan: protocol.Channel) -> protocol.Message:
+        message = chan.recv()
+        while isinstance(message, protocol.Beat):
+            message = chan.recv()
+        return message
+
+    def play() -> None:
+        for chan in (a, b):
+            next_order(chan)  # its rank
+        a.send(protocol.ExitReport(0, 1, "exit code 1", gone))
+        assert isinstance(next_order(b), protocol.Abort)
+        b.send(protocol.ExitReport(1, 1, "exit code 1", own, aborted=True))
+
+    threading.Thread(target=play, daemon=True).start()
+    try:
+        with pytest.raises(HorovodRunnerError) as info:
+            service.wait(JobLimits(start_timeout=30), lambda: None)
+    finally:
+        a.close()
+        b.close()
+        service.close()
+    assert info.value.rank == 1
+    assert info.value.summary.startswith("Rank 1 failed with ValueError: bad shard on rank 1")
+
+
 def test_lost_failure_names_whole_hosts_and_single_ranks():
     from hvdrunner._launch.driver.verdict import lost_failure
 
@@ -204,6 +241,10 @@ def test_a_rank_that_only_saw_its_peer_go_is_not_named_the_cause():
         (protocol.ExitReport(0, 1, "exit code 1", gone), protocol.ExitReport(1, -9, "SIGKILL"), 1),
         (protocol.ExitReport(1, 1, "exit code 1", real), protocol.ExitReport(0, 1, "exit code 1", gone), 1),
         (protocol.ExitReport(0, 1, "exit code 1", gone), protocol.ExitReport(1, 1, "exit code 1", gone), 0),
+        # stopped by the verdict's abort: its own exception still names the cause; without
+        # one, it is only the abort's work
+        (protocol.ExitReport(0, 1, "exit code 1", gone), protocol.ExitReport(1, 1, "exit code 1", real, aborted=True), 1),
+        (protocol.ExitReport(0, 1, "exit code 1", gone), protocol.ExitReport(1, -15, "SIGTERM", aborted=True), 0),
     ):  # fmt: skip
         job = JobState(2, lambda _: None, lambda: HorovodRunnerError("lost"))
         a, b = _FakeTask(), _FakeTask()

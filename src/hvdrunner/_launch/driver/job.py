@@ -101,19 +101,30 @@ class JobState:
             self.stuck[msg.rank] = Stall(since, msg.stuck.in_library, msg.stuck.where)
 
     def on_exit(self, task: Task, msg: ExitReport) -> None:
+        """A rank's exit report: while the job runs, and while the verdict drains the others'
+        after its abort (a report that names the cause may come only then)."""
         task.exited = True
         self.exits[msg.rank] = msg
-        # The error is built once every rank exited, from the cause: a rank that only saw a
-        # peer go away (a failed collective) gives way to one that failed on its own, which
-        # it may report first (a killed peer's socket closes before its exit is known).
-        if msg.failed and (
-            self.failed_report is None
-            or verdict.failed_in_a_collective(self.failed_report)
-            and not verdict.failed_in_a_collective(msg)
-        ):
+        if self._names_the_cause_better(msg):
             self.failed_report = msg
-        elif msg.rank == 0:
+        elif msg.rank == 0 and not msg.aborted:
             self.rank0_done = time.monotonic()
+
+    def _names_the_cause_better(self, msg: ExitReport) -> bool:
+        """Whether ``msg`` names the failure's cause better than the report kept so far. The
+        error is built once every rank exited, from the cause: a rank that only saw a peer go
+        away (a failed collective) gives way to one that failed on its own, which may report
+        later - a killed peer's socket closes before its exit is known, and under load a
+        peer's own exception can reach the driver after the abort that the collective failure
+        set off (its supervisor was still collecting the rank's output): that report says
+        the rank was stopped, and still carries the rank's own exception."""
+        kept = self.failed_report
+        if kept is None:
+            return msg.failed
+        own = msg.failed or (msg.aborted and msg.error is not None)
+        return (
+            own and verdict.failed_in_a_collective(kept) and not verdict.failed_in_a_collective(msg)
+        )
 
     def on_disconnect(self, task: Task, msg: Disconnected) -> None:
         if not task.exited and task.rank is not None:

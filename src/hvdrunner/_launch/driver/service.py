@@ -368,8 +368,8 @@ class DriverService:
                 if emit is not None:
                     emit(message.line())
             elif conn is not None and isinstance(message, protocol.ExitReport):
-                if job is not None:
-                    job.exits[message.rank] = message
+                if job is not None:  # the cause may only now report (JobState.on_exit)
+                    job.on_exit(conn, message)
                 conn.exited = True
             elif (
                 conn is not None
