@@ -253,12 +253,11 @@ def registry_isolated() -> Iterator[None]:
 
 
 @pytest.fixture()
-def store(tmp_path: Path, empty_mlflow_db: Path):
+def store(tmp_path: Path, tracking_db: str):
     """A real MLflow sqlite store and experiment under tmp_path; yields (tmp_path, exp id)."""
     import mlflow
 
-    shutil.copyfile(empty_mlflow_db, tmp_path / "mlflow.db")
-    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    uri = tracking_db
     previous = mlflow.get_tracking_uri()
     mlflow.set_tracking_uri(uri)
     mlflow.set_registry_uri(uri)  # the registry of this store (registry_isolated restores it)

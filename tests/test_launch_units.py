@@ -69,6 +69,14 @@ def _registered_task(service: DriverService, partition: int, hostname: str) -> p
     return chan
 
 
+def _next_order(chan: protocol.Channel) -> protocol.Message:
+    """The driver's next frame to a task, heartbeats skipped."""
+    message = chan.recv()
+    while isinstance(message, protocol.Beat):
+        message = chan.recv()
+    return message
+
+
 def test_a_task_that_falls_silent_is_a_lost_host_named_with_its_ranks():
     # A cut link closes nothing: only the missing heartbeats tell (host_timeout).
     service = DriverService(2, b"k" * 32, rendezvous_addr="127.0.0.1", bind="127.0.0.1")
@@ -104,9 +112,7 @@ def test_lost_host_outranks_the_failures_it_causes_on_other_hosts():
 
     def play() -> None:
         for chan in (a, b):
-            message = chan.recv()
-            while isinstance(message, protocol.Beat):
-                message = chan.recv()
+            _next_order(chan)  # its rank
         # rank 0's failure (caused by b) reaches the driver first, then b's connection drops
         a.send(protocol.ExitReport(0, 1, "SIGABRT",
                                            tail=("gloo::IoException: Connection reset by peer",)))  # fmt: skip
@@ -134,17 +140,11 @@ def test_a_ranks_own_exception_that_reports_after_the_abort_is_still_named_the_c
                                 "a collective failed on rank 0: Connection closed by peer", "")  # fmt: skip
     own = protocol.ErrorReport("ValueError", "builtins", "bad shard on rank 1", "")
 
-    def next_order(chan: protocol.Channel) -> protocol.Message:
-        message = chan.recv()
-        while isinstance(message, protocol.Beat):
-            message = chan.recv()
-        return message
-
     def play() -> None:
         for chan in (a, b):
-            next_order(chan)  # its rank
+            _next_order(chan)  # its rank
         a.send(protocol.ExitReport(0, 1, "exit code 1", gone))
-        assert isinstance(next_order(b), protocol.Abort)
+        assert isinstance(_next_order(b), protocol.Abort)
         b.send(protocol.ExitReport(1, 1, "exit code 1", own, aborted=True))
 
     threading.Thread(target=play, daemon=True).start()
