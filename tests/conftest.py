@@ -91,6 +91,21 @@ def selected_stack() -> str | None:
     return None if not stack or os.environ.get("HVDRUNNER_TESTS", "") == "all" else stack
 
 
+#: CI runs one stage in two parts (.ci/run): ``background`` - the tests marked ``background``,
+#: which assert no time bound and so may run at the lowest priority beside another stack's
+#: suite - and ``foreground``, the rest. Unset (`make test`), the stage runs whole.
+PART_ENV = "HVDRUNNER_TEST_PART"
+PARTS = ("background", "foreground")
+
+
+def selected_part() -> str | None:
+    """The part of the stage to run (``PART_ENV``), or None for all of it."""
+    part = os.environ.get(PART_ENV, "")
+    if part and part not in PARTS:
+        raise pytest.UsageError(f"{PART_ENV}={part!r}: expected one of {PARTS}")
+    return part or None
+
+
 def stacks_of(item: pytest.Item) -> tuple[str, ...]:
     """The stacks a test runs on under `make test` (see above)."""
     named = item.get_closest_marker("stacks")
@@ -129,7 +144,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     """
     has_tf, has_torch = _installed("tensorflow"), _installed("torch")
     keras_on_torch = KERAS_ON_TORCH
-    stack = selected_stack()
+    stack, part = selected_stack(), selected_part()
     keep, drop = [], []
     for item in items:
         is_torch = item.get_closest_marker("torch") is not None
@@ -144,6 +159,9 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         if item.get_closest_marker("streaming") is not None:  # hvdrunner.streaming's tests
             framework = framework and _installed("mosaicml-streaming")
         runs = framework and (stack is None or stack in stacks_of(item))
+        if part is not None:
+            background = item.get_closest_marker("background") is not None
+            runs = runs and background == (part == "background")
         (keep if runs else drop).append(item)
     if drop:
         config.hook.pytest_deselected(items=drop)
@@ -178,13 +196,15 @@ def pytest_sessionfinish(session: pytest.Session) -> None:
     from hvdrunner import _versions
 
     mode = "-tf_keras" if os.environ.get("TF_USE_LEGACY_KERAS") == "1" else ""
+    part = selected_part()
     backend = os.environ.get("KERAS_BACKEND", "tensorflow") if _installed("keras") else None
     versions = {d: _versions.version(d) for d in ("tensorflow", "keras", "torch", "pyspark",
                                                    "mlflow-skinny")}  # fmt: skip
     stage = {"stack": stack, "mode": mode.strip("-") or None, "keras_backend": backend,
              "versions": versions, "outcomes": _outcomes}  # fmt: skip
     Path(folder).mkdir(parents=True, exist_ok=True)
-    (Path(folder) / f"{stack}{mode}.json").write_text(json.dumps(stage, indent=1) + "\n")
+    name = f"{stack}{mode}{f'-{part}' if part else ''}.json"  # a part's beside the other's
+    (Path(folder) / name).write_text(json.dumps(stage, indent=1) + "\n")
 
 
 def pytest_report_header(config: pytest.Config) -> str:

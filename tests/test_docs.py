@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from conftest import STACKS
+from conftest import PART_ENV, STACKS
 from helpers import scripts
 from helpers.docblocks import MARKED, marked
 
@@ -412,16 +412,37 @@ def test_testing_md_counts_the_tests_this_stage_runs():
     if stack is None:
         pytest.skip("not a stage of `make test`: STACK selects one (docs/testing.md)")
     tf_keras = os.environ.get("TF_USE_LEGACY_KERAS") == "1"
-    proc = subprocess.run(
-        [sys.executable, "-m", "pytest", "--collect-only", "-q", "-p", "no:cacheprovider",
-         *(["-m", "keras_mode"] if tf_keras else [])],
-        cwd=ROOT, capture_output=True, text=True, timeout=600,
-    )  # fmt: skip
     found: dict[str, int] = {}
-    for line in proc.stdout.splitlines():
-        if "::" in line:
-            module = line.split("::")[0].rsplit("/", 1)[-1]
-            found[module] = found.get(module, 0) + 1
+    for test in _stage_tests(None, *(["-m", "keras_mode"] if tf_keras else [])):
+        module = test.split("::")[0].rsplit("/", 1)[-1]
+        found[module] = found.get(module, 0) + 1
     found["*"] = sum(found.values())
     said = {k: v for k, v in _table_column("tf_keras mode" if tf_keras else stack).items() if v}
     assert found == said, f"docs/testing.md's {stack} column: {said}; collected: {found}"
+
+
+def _stage_tests(part: str | None, *args: str) -> list[str]:
+    """The test ids this stage (STACK) collects: whole (``part`` None, whichever part this
+    run is), or the part of it CI runs in a lane of its own (tests/conftest.py, PART_ENV)."""
+    env = {k: v for k, v in os.environ.items() if k != PART_ENV}
+    if part:
+        env[PART_ENV] = part
+    proc = subprocess.run(
+        [sys.executable, "-m", "pytest", "--collect-only", "-q", "-p", "no:cacheprovider", *args],
+        cwd=ROOT, env=env, capture_output=True, text=True, timeout=600,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    return [line for line in proc.stdout.splitlines() if "::" in line]
+
+
+# .ci/run runs the stages of 15.4 and 19 in two parts (tests/conftest.py); together they are
+# the stage.
+@pytest.mark.torch
+@pytest.mark.stacks("15.4", "19")
+@pytest.mark.background  # no time bound: it runs in the part it checks
+def test_the_two_parts_ci_runs_of_a_stage_are_the_whole_stage():
+    whole = _stage_tests(None)
+    background, foreground = _stage_tests("background"), _stage_tests("foreground")
+    assert background and foreground
+    assert not set(background) & set(foreground)
+    assert sorted(background + foreground) == sorted(whole)

@@ -15,7 +15,7 @@ import pytest
 
 from hvdrunner import HorovodRunner
 
-pytestmark = pytest.mark.torch
+pytestmark = [pytest.mark.torch, pytest.mark.background]  # no time bound (tests/conftest.py)
 
 
 def elastic_recipe(marks: str, die_at: tuple[int, int] | None, engine: str, epochs: int = 3,

@@ -21,6 +21,7 @@ import pytest
 from hvdrunner import _paths
 from hvdrunner.notebook import default_dir, default_experiment, storage_root
 
+pytestmark = pytest.mark.background  # no time bound (tests/conftest.py)
 ROOT = Path(__file__).resolve().parents[1]
 
 

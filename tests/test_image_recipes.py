@@ -16,6 +16,7 @@ import pytest
 from helpers.docblocks import block, run_as_notebook
 from hvdrunner import HorovodRunner
 
+pytestmark = pytest.mark.background  # no time bound (tests/conftest.py)
 DROP_IN = {"from hvdrunner.petastorm.spark import": "from petastorm.spark import",
            "from hvdrunner.petastorm import TransformSpec": "from petastorm import TransformSpec"}  # fmt: skip
 # Reruns of the same recipe move the accuracy by a few points (initial weights, shuffles).

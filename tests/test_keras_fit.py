@@ -20,7 +20,7 @@ from hvdrunner import HorovodRunner, HorovodRunnerError
 from hvdrunner.data import prepare
 from hvdrunner.keras import FitConfig, compat, fit
 
-pytestmark = pytest.mark.keras
+pytestmark = [pytest.mark.keras, pytest.mark.background]  # no time bound (tests/conftest.py)
 
 
 @pytest.fixture(scope="module")

@@ -19,7 +19,7 @@ from helpers.docblocks import block
 from hvdrunner import HorovodRunner, HorovodRunnerError
 from hvdrunner.data import prepare
 
-pytestmark = pytest.mark.torch
+pytestmark = [pytest.mark.torch, pytest.mark.background]  # no time bound (tests/conftest.py)
 
 
 def _fit():  # imported lazily: collection must not need torch on the TF stacks

@@ -24,6 +24,7 @@ from helpers.repo_copy import copy_repository
 from helpers.standin import ROOT, StandIn, StandInError, install_requirements, pip_install
 from hvdrunner import workspace
 
+pytestmark = pytest.mark.background  # no time bound (tests/conftest.py)
 USER = "first.last@example.com"
 VALUES = {"catalog": "ml", "schema": "team_a"}
 #: prod runs as a service principal and tells a team address, not whoever deploys.
