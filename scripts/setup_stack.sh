@@ -153,12 +153,18 @@ fi
 
 rm -rf "$BUILT" "$VENV/.sdists.txt"  # installed now (300 MB)
 
-# Every module byte-compiled once, after all the stages (uv leaves that to us), on every
-# core: where PYTHONDONTWRITEBYTECODE=1 is set (this machine), nothing else ever writes a
-# .pyc, and every rank would compile TensorFlow's modules again on import (tried without:
-# the 18 suite ran far slower). A few packages ship files that are not Python 3 (test data):
-# those fail to compile, hence -qq and no exit code.
-"$PY" -W ignore -m compileall -qq -j 0 "$("$PY" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')" || true
+# Byte-code is written as each module is first imported, into this venv, also where
+# PYTHONDONTWRITEBYTECODE=1 is set (the shell of the machine these figures come from): a .pth
+# line turns writing back on for this venv's interpreters, and for nothing else. Without
+# either, every rank compiled TensorFlow's modules again on import (tried: the 18 suite ran
+# far slower); compiling all of them up front (compileall on every core) cost 104 CPU-seconds
+# on 18's venv (40,242 modules), where two tests that train, log and load a Keras model wrote
+# the 5,503 they import for 22 CPU-seconds (docs/testing.md).
+"$PY" - <<'PY'
+import pathlib, sysconfig
+pth = pathlib.Path(sysconfig.get_paths()["purelib"]) / "hvdrunner-write-bytecode.pth"
+pth.write_text("import sys; sys.dont_write_bytecode = False\n")
+PY
 
 say "pip check"
 if [ -n "$REPLICA" ]; then
