@@ -10,8 +10,10 @@ scenario on 2 hosts x 2 ranks and prints one ``RESULT <scenario> <json>`` line p
 - ``recipe``: the standard Horovod Keras recipe through ``hvdrunner.hvd_keras``.
 - ``fit``: ``hvdrunner.keras.fit`` on 4 ranks (batch b) and on 1 rank (batch 4b), weights.
 - ``unpatched``: a rank on a loopback-named host with horovod taken as unpatched.
-- ``hidden_cache``: prepared data that one host cannot see (its view of the dir is empty).
-- ``host_lost``: a whole host killed mid-training, then the same job on the healed cluster.
+- ``hidden_cache``: prepared data that one host cannot see (its view of the dir is empty),
+  met by ``hvdrunner.torch.fit`` (the data layer's check comes before any framework's work).
+- ``host_lost``: a whole host killed mid-training (``hvdrunner.torch.fit``), then the same
+  job on the healed cluster.
 - ``link_cut``: the same with the host's link cut (``ip link set ... down``) and restored.
 - ``torch_recipe``, ``torch_fit``, ``torch_restarts``, ``torch_min_np``,
   ``torch_concurrent`` (torch stack, which has no compiled horovod; not in the default
@@ -116,14 +118,6 @@ def build_linear() -> Any:
     return tf.keras.Sequential([tf.keras.Input(shape=(4,)), tf.keras.layers.Dense(1)])
 
 
-def build_mlp() -> Any:
-    import tensorflow as tf
-
-    return tf.keras.Sequential([tf.keras.Input(shape=(64,)),
-                                tf.keras.layers.Dense(32, activation="relu"),
-                                tf.keras.layers.Dense(10, activation="softmax")])  # fmt: skip
-
-
 def fit_and_weights(**kwargs: Any) -> list[Any]:
     import tensorflow as tf
 
@@ -187,24 +181,33 @@ def unpatched_rank() -> str:
     return "ran"  # where hostnames resolve; elsewhere the task refuses the host first
 
 
+def build_torch_mlp() -> Any:
+    import torch
+
+    return torch.nn.Sequential(torch.nn.Linear(64, 32), torch.nn.ReLU(), torch.nn.Linear(32, 10))
+
+
 def fit_slowly_after_epoch2(marker: str, **kwargs: Any) -> Any:
-    """fit whose epochs take a while once epoch 2's checkpoint is on disk; rank 0 then
-    writes ``marker`` (the hosts of every rank) so the driver knows when to strike."""
-    import horovod.tensorflow as hvd
-    import tensorflow as tf
+    """``hvdrunner.torch.fit`` whose epochs take a while once epoch 2's checkpoint is on
+    disk; rank 0 then writes ``marker`` (the hosts of every rank) so the driver knows when to
+    strike. A lost host is the launcher's to see, whatever trains: torch imports in 1.7
+    CPU-s a rank, TensorFlow with its Keras in 6.7."""
+    import hvdrunner.hvd_torch as hvd
+    from hvdrunner.torch import fit, loop
 
-    from hvdrunner.keras import fit
+    epoch_end = loop.Trainer._epoch_end
 
-    class Slow(tf.keras.callbacks.Callback):
-        def on_epoch_end(self, epoch: int, logs: Any = None) -> None:
-            if epoch == 1:  # after rank 0's checkpoint callback
-                hosts = hvd.allgather_object(where_am_i()["hostname"])
-                if hvd.rank() == 0:
-                    Path(marker).write_text(json.dumps(hosts))
-            if epoch >= 1:
-                time.sleep(1.0)
+    def slow_epoch_end(self: Any, epoch: int, logs: Any, seconds: float) -> None:
+        epoch_end(self, epoch, logs, seconds)
+        if epoch == 1:  # after rank 0 wrote epoch 2's checkpoint
+            hosts = hvd.allgather_object(where_am_i()["hostname"])
+            if hvd.rank() == 0:
+                Path(marker).write_text(json.dumps(hosts))
+        if epoch >= 1:
+            time.sleep(1.0)
 
-    return fit(callbacks=[Slow()], **kwargs)
+    loop.Trainer._epoch_end = slow_epoch_end  # type: ignore[method-assign]  # this rank only
+    return fit(**kwargs)
 
 
 # -- scenarios (driver side) ---------------------------------------------------------------
@@ -346,14 +349,16 @@ class Job:
             return self._failure(unpatched_rank)
 
     def hidden_cache(self) -> Any:
-        from hvdrunner.keras import fit
+        # The data layer's check, before any training: on the framework that imports fastest
+        # (torch, 1.7 CPU-s a rank against TensorFlow's 6.7 with its Keras).
+        from hvdrunner.torch import fit
 
         rng = np.random.default_rng(1)
         x = rng.normal(size=(256, 4)).astype("float32")
         data = self.prepare(pd.DataFrame({"x": x.tolist(), "y": x.sum(1)}), "x", "y", "hidden")
         victim = self.cluster.hosts[1]
         self.cluster.hide_path(1, str(self.shared / "hidden"))
-        out = self._failure(fit, build_model=build_linear, data=data, epochs=1, batch_size=16,
+        out = self._failure(fit, build_model=build_torch_linear, data=data, epochs=1, batch_size=16,
                             loss="mse", log_model=False, verbose=0)  # fmt: skip
         return {**out, "hidden_on": victim.name}
 
@@ -371,14 +376,14 @@ class Job:
         from digits import arrays, frame
 
         from hvdrunner import HorovodRunner, HorovodRunnerError
-        from hvdrunner.keras import fit
+        from hvdrunner.torch import fit
 
-        data = self.prepare(frame(*arrays(), label_dtype="int32"), "pixels", "label", "digits")
+        data = self.prepare(frame(*arrays()), "pixels", "label", "digits")
         mlflow.set_tracking_uri(f"sqlite:///{self.shared / 'mlflow.db'}")
         mlflow.set_experiment("multihost")
         marker, ckpt = self.shared / f"epoch2-{how}.json", self.shared / f"ckpt-{how}"
-        kwargs = dict(build_model=build_mlp, data=data, epochs=LOST_HOST_EPOCHS, batch_size=32,
-                      loss="sparse_categorical_crossentropy", checkpoint_dir=str(ckpt),
+        kwargs = dict(build_model=build_torch_mlp, data=data, epochs=LOST_HOST_EPOCHS, batch_size=32,
+                      loss="cross_entropy", checkpoint_dir=str(ckpt),
                       keep_checkpoints=2, log_model=False, verbose=0)  # fmt: skip
         struck: dict[str, Any] = {}
 
