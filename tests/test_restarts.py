@@ -203,14 +203,6 @@ def test_a_restarted_job_ends_its_mlflow_run_finished_with_the_restart_recorded(
     assert [(m.step, m.value) for m in history] == [(1, 1.0)]
 
 
-def allreduce_sum(value: float) -> float:
-    import horovod.tensorflow as hvd
-    import tensorflow as tf
-
-    hvd.init()
-    return float(hvd.allreduce(tf.constant(value), op=hvd.Sum).numpy())
-
-
 @pytest.mark.timeout(300)
 def test_concurrent_jobs_keep_their_slots_and_a_restart_takes_none_of_another_jobs(tmp_path):
     """local[4]: two jobs of np=2 at once from two threads, one of them restarting, both
