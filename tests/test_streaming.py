@@ -10,6 +10,7 @@ import functools
 import importlib.metadata as md
 import json
 import os
+import time
 
 import numpy as np
 import pytest
@@ -302,13 +303,21 @@ def test_the_python_thread_feed_passes_items_and_the_error_through_and_stops_whe
 
     feed = in_python_thread(endless)
     assert [next(feed) for _ in range(5)] == [0] * 5
-    feed.close()  # the consumer leaves: the producer stops and its iterator is closed
-    import time
+    feed.close()  # the consumer leaves: the producer has stopped and closed its iterator
+    assert closed == [True]  # already: a dataset made next finds this one's released
 
-    deadline = time.monotonic() + 5
-    while not closed and time.monotonic() < deadline:
-        time.sleep(0.05)
-    assert closed == [True]
+    def slow():  # a producer between two items when the consumer leaves
+        try:
+            while True:
+                yield 1
+                time.sleep(0.5)
+        finally:
+            closed.append("slow")
+
+    feed = in_python_thread(slow)
+    assert next(feed) == 1
+    feed.close()
+    assert closed == [True, "slow"]
 
 
 @ON_18

@@ -67,27 +67,44 @@ def _put(q: queue.Queue[Any], item: Any, stop: threading.Event) -> bool:
     return False
 
 
-def in_python_thread(make: Callable[[], Iterator[Any]], depth: int = 2) -> Iterator[Any]:
-    """``make()``'s items, produced in a thread Python started.
+#: How long a consumer that leaves waits for the producer to let go of its iterator (a
+#: DataLoader between two batches: well under a second).
+PRODUCER_EXIT_S = 30.0
 
-    Why: the DataLoader forks its workers in the thread that starts an epoch. tf.data runs a
-    generator in a thread TensorFlow started, and a process forked from such a thread fails
-    Python 3.12's ``threading._shutdown`` when it exits: every worker ends with code 1, which
-    the DataLoader reports as a crashed worker in the middle of training.
+
+def in_python_thread(make: Callable[[], Iterator[Any]], depth: int = 2) -> Iterator[Any]:
+    """``make()``'s items, produced in a thread Python started. When the consumer leaves
+    (closed, or dropped), the producer has closed ``make()``'s iterator before it goes on.
+
+    Why the thread: the DataLoader forks its workers in the thread that starts an epoch.
+    tf.data runs a generator in a thread TensorFlow started, and a process forked from such a
+    thread fails Python 3.12's ``threading._shutdown`` when it exits: every worker ends with
+    code 1, which the DataLoader reports as a crashed worker in the middle of training.
+    Why the wait: a StreamingDataset made next over the same shards must not find this one
+    still alive (Streaming before 0.11 then registers the new one under another name on that
+    rank only: world.check_registration). Without it, fit's first-batch probe (tf_feed) left
+    its dataset to a producer still between two batches on one rank of two (CI, 15.4).
     """
     q: queue.Queue[Any] = queue.Queue(maxsize=depth)
     stop, end = threading.Event(), object()
 
     def produce() -> None:
+        items: Iterator[Any] | None = None
         try:
-            for item in make():
+            items = make()
+            for item in items:
                 if not _put(q, (True, item), stop):
-                    return  # the consumer left: dropping the iterator ends the loader
+                    return  # the consumer left
             _put(q, (True, end), stop)
         except BaseException as exc:  # noqa: BLE001 - raised again in the consumer
             _put(q, (False, exc), stop)
+        finally:
+            close = getattr(items, "close", None)
+            if close is not None:
+                close()  # ends the loader: its workers, its dataset's registration
 
-    threading.Thread(target=produce, name="hvdrunner-streaming-feed", daemon=True).start()
+    producer = threading.Thread(target=produce, name="hvdrunner-streaming-feed", daemon=True)
+    producer.start()
     try:
         while True:
             ok, item = q.get()
@@ -98,6 +115,7 @@ def in_python_thread(make: Callable[[], Iterator[Any]], depth: int = 2) -> Itera
             yield item
     finally:
         stop.set()
+        producer.join(PRODUCER_EXIT_S)
 
 
 def _stop_workers(loader: Any) -> None:
