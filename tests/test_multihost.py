@@ -8,8 +8,8 @@ hostname and /etc/hosts, one Spark standalone worker each; tests/helpers/netns_c
 
 One cluster and one driver process per mode (tests/helpers/multihost_job.py) run its
 scenarios (those that names do not change in the loopback mode only: ONE_MODE); each test
-checks one. Under `make test` the resolving mode runs on lts and the loopback mode on
-modern (MODES). Needs root and iproute2, as CI has; skips only where
+checks one. Under `make test` the resolving mode runs on 15.4 and the loopback mode on
+18 (MODES). Needs root and iproute2, as CI has; skips only where
 network namespaces cannot be made at all.
 """
 
@@ -105,10 +105,13 @@ MODES = [pytest.param("resolving", marks=pytest.mark.stacks("15.4")),
 
 #: What each name mode runs. Names decide how Horovod's ranks find each other, so the
 #: collectives, the Keras recipe and the unpatched horovod run in both modes (the resolving
-#: mode on lts is also the compiled horovod across hosts). A lost host, a cache one host
-#: cannot see and fit's arithmetic are the launcher's and the feed's, whatever the names
-#: resolve to: those scenarios run in one mode (ONE_MODE), the harder one.
-ONE_MODE_SCENARIOS = ("fit", "hidden_cache", "host_lost", "link_cut", "streaming")
+#: mode on 15.4 is also the compiled horovod across hosts). A lost host, a cache one host
+#: cannot see and Streaming's shards are the launcher's and the feed's, whatever the names
+#: resolve to: those scenarios run in one mode (ONE_MODE), the harder one. Fit's arithmetic
+#: across hosts is the neutral core's: hvdrunner.torch.fit checks it (torch_fit, 19); on
+#: TensorFlow, the recipe checks the engine's collectives across hosts and test_keras_fit
+#: Keras fit's arithmetic on one.
+ONE_MODE_SCENARIOS = ("hidden_cache", "host_lost", "link_cut", "streaming")
 ONE_MODE = [MODES[1]]
 
 
@@ -174,15 +177,6 @@ def test_standard_keras_recipe_keeps_four_ranks_on_two_hosts_in_sync(job):
         for a, b in zip(weights[0], other, strict=True):
             np.testing.assert_allclose(np.array(a), np.array(b), rtol=0, atol=1e-7)
     assert not np.allclose(np.array(weights[0][0]), np.array(out["initial"][0]))  # it trained
-
-
-@pytest.mark.timeout(900)
-@pytest.mark.parametrize("job", ONE_MODE, indirect=True)
-def test_fit_on_two_hosts_equals_one_rank_at_four_times_the_batch(job):
-    out = value(job, "fit")
-    for a, b in zip(out["four"], out["one"], strict=True):
-        np.testing.assert_allclose(np.array(a), np.array(b), atol=1e-5, rtol=0)
-    assert abs(out["four"][1][0]) > 0.05  # the bias started at 0: it trained
 
 
 @pytest.mark.timeout(900)

@@ -16,8 +16,10 @@ HERE = Path(__file__).resolve().parent
 
 
 def report() -> dict:
-    import horovod.tensorflow as hvd
     from pyspark import TaskContext  # noqa: F401  (pyspark importable in the rank)
+
+    # the engine, every stack's default: what Spark's scheduler gives a rank is no framework's
+    import hvdrunner.hvd_torch as hvd
 
     hvd.init()
     return hvd.allgather_object(

@@ -8,7 +8,6 @@ scenario on 2 hosts x 2 ranks and prints one ``RESULT <scenario> <json>`` line p
 
 - ``collectives``: allreduce, broadcast, a 4 MB allreduce, allgather_object; who is where.
 - ``recipe``: the standard Horovod Keras recipe through ``hvdrunner.hvd_keras``.
-- ``fit``: ``hvdrunner.keras.fit`` on 4 ranks (batch b) and on 1 rank (batch 4b), weights.
 - ``unpatched``: a rank on a loopback-named host with horovod taken as unpatched.
 - ``hidden_cache``: prepared data that one host cannot see (its view of the dir is empty),
   met by ``hvdrunner.torch.fit`` (the data layer's check comes before any framework's work).
@@ -47,7 +46,6 @@ from netns_cluster import NetnsCluster, unavailable  # noqa: E402
 SCENARIOS = (
     "collectives",
     "recipe",
-    "fit",
     "unpatched",
     "hidden_cache",
     "host_lost",
@@ -110,27 +108,6 @@ def keras_recipe() -> dict[str, Any]:
         hvd.callbacks.BroadcastGlobalVariablesCallback(0), hvd.callbacks.MetricAverageCallback()])  # fmt: skip
     return {"weights": hvd_tf.allgather_object([w.tolist() for w in model.get_weights()]),
             "initial": initial}  # fmt: skip
-
-
-def build_linear() -> Any:
-    import tensorflow as tf
-
-    return tf.keras.Sequential([tf.keras.Input(shape=(4,)), tf.keras.layers.Dense(1)])
-
-
-def fit_and_weights(**kwargs: Any) -> list[Any]:
-    import tensorflow as tf
-
-    from hvdrunner.keras import fit
-
-    grabbed: dict[str, Any] = {}
-
-    class Grab(tf.keras.callbacks.Callback):
-        def on_train_end(self, logs: Any = None) -> None:
-            grabbed["w"] = [w.tolist() for w in self.model.get_weights()]
-
-    fit(callbacks=[Grab()], **kwargs)
-    return grabbed["w"]
 
 
 def torch_recipe(engine: str = "hvdrunner.hvd_torch") -> dict[str, Any]:
@@ -247,20 +224,6 @@ class Job:
         from hvdrunner import HorovodRunner
 
         return HorovodRunner(np=4, start_timeout=120).run(keras_recipe)
-
-    def fit(self) -> Any:
-        from hvdrunner import HorovodRunner
-
-        x, y, order, b, r = _linear_rows()
-        common = dict(build_model=build_linear, epochs=2, loss="mse", optimizer="sgd",
-                      shuffle=False, log_model=False, verbose=0)  # fmt: skip
-        four = HorovodRunner(np=r, start_timeout=120).run(
-            fit_and_weights, data=self.prepare(pd.DataFrame({"x": x.tolist(), "y": y}), "x", "y", "four"),
-            batch_size=b, learning_rate=0.01, **common)  # fmt: skip
-        one = HorovodRunner(np=-1).run(
-            fit_and_weights, data=self.prepare(pd.DataFrame({"x": x[order].tolist(), "y": y[order]}), "x", "y", "one"),
-            batch_size=r * b, learning_rate=0.01 * r, **common)  # fmt: skip
-        return {"four": four, "one": one}
 
     def streaming(self) -> Any:
         """Streaming on 2 hosts x 2 ranks (rows that do not divide), then 3 ranks (2 + 1)."""

@@ -22,8 +22,7 @@ from typing import Any
 
 
 def train(marks: str) -> dict[str, Any]:
-    import horovod.tensorflow as hvd
-
+    import hvdrunner.hvd_torch as hvd  # the engine, every stack's default: the launcher's case
     from hvdrunner.distributed import attempt
 
     hvd.init()
