@@ -19,8 +19,10 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 # what it runs, where C2's compiler threads spent CPU on code the JVM leaves before it pays
 # (a local session that starts, groups and writes: 8 CPU-s instead of 14 on 2 cores). Set
 # here, every subprocess inherits it; a user's sessions keep the JVM's default.
-for _jvm_options in ("SPARK_SUBMIT_OPTS", "SPARK_DAEMON_JAVA_OPTS"):
-    os.environ.setdefault(_jvm_options, "-XX:TieredStopAtLevel=1")
+JVM_OPTIONS = ("SPARK_SUBMIT_OPTS", "SPARK_DAEMON_JAVA_OPTS")
+C1_ONLY = "-XX:TieredStopAtLevel=1"
+for _jvm_options in JVM_OPTIONS:
+    os.environ.setdefault(_jvm_options, C1_ONLY)
 os.environ["PYSPARK_PYTHON"] = sys.executable
 os.environ["PYSPARK_DRIVER_PYTHON"] = sys.executable
 
@@ -166,6 +168,20 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     if drop:
         config.hook.pytest_deselected(items=drop)
         items[:] = keep
+
+
+def pytest_collection_finish(session: pytest.Session) -> None:
+    """The tests' JVMs map Spark's classes from this venv's class-data archive, made here
+    once a stage runs enough tests to earn it back (tests/helpers/spark_classes.py). Not
+    where JVM options were set by hand, nor for a collection that runs nothing."""
+    if session.config.option.collectonly or any(os.environ[v] != C1_ONLY for v in JVM_OPTIONS):
+        return
+    from helpers.spark_classes import MIN_TESTS, QUIET, archive
+
+    jsa = archive(make=len(session.items) >= MIN_TESTS)
+    if jsa is not None:
+        for var in JVM_OPTIONS:
+            os.environ[var] = f"{C1_ONLY} -XX:SharedArchiveFile={jsa} {QUIET}"
 
 
 #: Where a stage records what its tests did, for the support matrix (scripts/support_matrix.py;
