@@ -446,3 +446,16 @@ def test_the_two_parts_ci_runs_of_a_stage_are_the_whole_stage():
     assert background and foreground
     assert not set(background) & set(foreground)
     assert sorted(background + foreground) == sorted(whole)
+
+
+def test_the_tests_jvms_map_sparks_class_archive_as_testing_md_says(spark):
+    """docs/testing.md: a stage of 25 tests or more makes the archive, and the JVMs its tests
+    start map it (the session's own here). A JVM that ignored it would say nothing."""
+    options = os.environ.get("SPARK_SUBMIT_OPTS", "")
+    found = re.search(r"-XX:SharedArchiveFile=(\S+)", options)
+    if found is None:
+        assert not os.environ.get("CI"), f"CI's stage 18 runs its JVMs without it: {options!r}"
+        pytest.skip("fewer than 25 tests run here, or JVM options set by hand: no archive")
+    jvm = spark.sparkContext._gateway.proc.pid  # spark-submit execs java in this process
+    maps = Path(f"/proc/{jvm}/maps").read_text()
+    assert found.group(1) in maps, f"the session's JVM does not map {found.group(1)}"

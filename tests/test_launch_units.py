@@ -1,9 +1,12 @@
-"""Pure pieces of the launcher: GPU assignment, interface lookup, handshake, exit wording."""
+"""Pure pieces of the launcher: GPU assignment, interface lookup, handshake, exit wording,
+the port of rank 0's store."""
 
 from __future__ import annotations
 
 import contextlib
+import random
 import signal
+import socket
 import threading
 import time
 
@@ -13,6 +16,7 @@ from hvdrunner import HorovodRunnerError
 from hvdrunner._launch import protocol
 from hvdrunner._launch.driver.service import DriverService
 from hvdrunner._launch.limits import JobLimits
+from hvdrunner._launch.rank import task
 from hvdrunner._launch.rank.supervisor import describe_exit
 from hvdrunner._launch.rank.task import TaskSpec, interface_for
 from hvdrunner.distributed import cuda_visible_devices
@@ -282,3 +286,36 @@ def test_hosts_with_different_horovod_builds_fail_the_job_before_any_rank_starts
     message = str(job.failure)
     assert "different horovod builds" in message
     assert "0.28.1 (no hvdrunner patch): node-b" in message and "same horovod wheel" in message
+
+
+def test_the_stores_port_is_below_the_ephemeral_range_and_free():
+    """An outgoing connection is never given it while rank 0 imports (CI: EADDRINUSE)."""
+    low = task._ephemeral_low()
+    assert low > task.BELOW_EPHEMERAL + 1024  # Linux's default: 32768
+    for _ in range(20):
+        port = task.free_port()
+        assert low - task.BELOW_EPHEMERAL <= port < low
+        with socket.socket() as s:
+            s.bind(("", port))  # free when it was handed out
+
+
+def test_a_port_something_listens_on_is_never_the_stores(monkeypatch):
+    with socket.socket() as held, socket.socket() as other:
+        held.bind(("", 0))
+        held.listen()
+        other.bind(("", 0))
+        taken, free = held.getsockname()[1], other.getsockname()[1]
+        other.close()
+        low = max(taken, free) + 1 + task.BELOW_EPHEMERAL
+        monkeypatch.setattr(task, "_ephemeral_low", lambda: low)
+        monkeypatch.setattr(random, "sample", lambda ports, k: [taken, free])  # in this order
+        assert task.free_port() == free
+
+
+def test_where_the_ephemeral_range_starts_too_low_the_kernel_picks(tmp_path, monkeypatch):
+    ports = tmp_path / "ip_local_port_range"
+    ports.write_text("2000\t60999\n")
+    monkeypatch.setattr(task, "EPHEMERAL_RANGE", str(ports))
+    monkeypatch.setattr(random, "sample", lambda *a: pytest.fail("drew below 2000"))
+    assert task._ephemeral_low() == 2000
+    assert 0 < task.free_port() < 65536

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import ipaddress
 import os
+import random
 import socket
 import threading
 from collections.abc import Sequence
@@ -78,12 +79,51 @@ def local_ip_towards(host: str, port: int) -> str:
         return str(s.getsockname()[0])
 
 
-def free_port() -> int:
-    """A TCP port free on this host now (the kernel's pick; released at once, as
-    TorchDistributor does: rank 0's store binds it moments later)."""
+#: Where the kernel takes the local ports of outgoing connections (Linux).
+EPHEMERAL_RANGE = "/proc/sys/net/ipv4/ip_local_port_range"
+#: How many ports below that range a store's port is drawn from.
+BELOW_EPHEMERAL = 12_000
+
+
+def free_port(tries: int = 64) -> int:
+    """A TCP port free on this host now, for rank 0's store (MASTER_PORT), released at once.
+
+    Rank 0 binds it only after its imports, seconds later. A port of the kernel's own pick
+    (``bind(("", 0))``, as TorchDistributor does) lies in the ephemeral range, where in those
+    seconds any outgoing connection on this host may be given it: a restarted job's rank 0
+    found its store's port taken that way (EADDRINUSE) on a busy CI machine. So the port is
+    drawn at random from the ``BELOW_EPHEMERAL`` ports under that range, which no connection
+    is given, and checked free; the kernel's pick where the range starts too low for that.
+
+    >>> 0 < free_port() < 65536
+    True
+    """
+    low = _ephemeral_low()
+    if low - BELOW_EPHEMERAL >= 1024:
+        for port in random.sample(range(low - BELOW_EPHEMERAL, low), tries):
+            if _bindable(port):
+                return port
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind(("", 0))
         return int(s.getsockname()[1])
+
+
+def _ephemeral_low() -> int:
+    """The first port of the ephemeral range, or 0 where it cannot be read."""
+    try:
+        with open(EPHEMERAL_RANGE) as f:
+            return int(f.read().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 0
+
+
+def _bindable(port: int) -> bool:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        try:
+            s.bind(("", port))
+        except OSError:
+            return False
+    return True
 
 
 def _rank_env(
