@@ -31,8 +31,8 @@ MIN_TESTS = 25
 
 def _key() -> str | None:
     """The java binary and Spark's jars, or None where either is missing."""
-    java = shutil.which("java", path=os.path.join(os.environ.get("JAVA_HOME", ""), "bin"))
-    java = java or shutil.which("java")
+    home = os.environ.get("JAVA_HOME")  # what Spark's launcher runs, as spark-class picks it
+    java = (home and shutil.which("java", path=os.path.join(home, "bin"))) or shutil.which("java")
     try:
         import pyspark
     except ImportError:
@@ -94,7 +94,7 @@ def _job() -> None:
     spark = (SparkSession.builder.master("local[2]").appName("hvdrunner-class-archive")
              .config("spark.ui.enabled", "false")
              .config("spark.sql.execution.arrow.pyspark.enabled", "true").getOrCreate())  # fmt: skip
-    jvm = spark.sparkContext._gateway.proc  # type: ignore[attr-defined]
+    jvm = spark.sparkContext._gateway.proc  # type: ignore[union-attr]
     with tempfile.TemporaryDirectory() as work:
         df = spark.createDataFrame(pd.DataFrame({"x": [[1.0, 2.0]] * 64, "y": range(64)}))
         df.repartition(2).write.parquet(os.path.join(work, "p"))
