@@ -40,8 +40,8 @@ def _key() -> str | None:
     jars = Path(pyspark.__file__).parent / "jars"
     if java is None or not jars.is_dir():
         return None
-    digest = hashlib.sha256(str(Path(java).resolve()).encode())
-    digest.update(str(Path(java).resolve().stat().st_mtime_ns).encode())
+    binary = Path(java).resolve()
+    digest = hashlib.sha256(f"{binary}:{binary.stat().st_mtime_ns}".encode())
     for jar in sorted(jars.glob("*.jar")):
         digest.update(f"{jar.name}:{jar.stat().st_size}".encode())
     return digest.hexdigest()[:16]
@@ -54,8 +54,10 @@ def archive(make: bool) -> Path | None:
     if key is None:
         return None
     path = Path(sys.prefix) / f".hvdrunner-spark-classes-{key}.jsa"
-    if path.is_file() or not make:
-        return path if path.is_file() else None
+    if path.is_file():
+        return path
+    if not make:
+        return None
     try:
         with open(Path(sys.prefix) / ".hvdrunner-spark-classes.lock", "w") as lock:
             fcntl.flock(lock, fcntl.LOCK_EX)
@@ -68,21 +70,21 @@ def archive(make: bool) -> Path | None:
 
 
 def _make(path: Path) -> None:
+    """Under the lock: no other process writes the temporary file beside it."""
     for old in path.parent.glob(".hvdrunner-spark-classes-*.jsa"):
         old.unlink()  # another java or Spark's
-    fd, tmp = tempfile.mkstemp(dir=path.parent, suffix=".jsa.tmp")
-    os.close(fd)
-    os.unlink(tmp)  # the JVM writes it whole at exit
+    tmp = path.with_name(path.name + ".tmp")  # the JVM writes it whole at exit
+    tmp.unlink(missing_ok=True)  # a killed earlier try's: never taken for this one's
     opts = f"{os.environ.get('SPARK_SUBMIT_OPTS', '')} -XX:ArchiveClassesAtExit={tmp} {QUIET}"
     env = {**os.environ, "SPARK_SUBMIT_OPTS": opts.strip()}
     try:
-        subprocess.run([sys.executable, __file__, tmp], env=env, check=True, timeout=300,
+        subprocess.run([sys.executable, __file__, str(tmp)], env=env, check=True, timeout=300,
                        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)  # fmt: skip
-        if not Path(tmp).is_file():
+        if not tmp.is_file():
             raise OSError("the JVM wrote no archive")
         os.replace(tmp, path)
     finally:
-        Path(tmp).unlink(missing_ok=True)
+        tmp.unlink(missing_ok=True)
 
 
 def _job() -> None:
