@@ -199,10 +199,11 @@ def test_a_feed_resumed_mid_epoch_reads_the_rest_of_that_epoch_on_every_rank(spa
         next(data.batches(8, first_step=12))  # 90 samples, one rank here
 
 
-def _two_datasets_alive(data):
+def _two_datasets_alive(data, horovod):
     """A second dataset over the same shards while the first is still held."""
-    from hvdrunner import hvd_torch as hvd
+    import importlib
 
+    hvd = importlib.import_module(horovod)  # the compiled horovod.tensorflow: no torch group
     hvd.init()
     first = data.dataset(8)
     try:
@@ -215,12 +216,18 @@ def _two_datasets_alive(data):
 
 
 @pytest.mark.timeout(120)
-def test_a_second_dataset_over_the_same_shards_reads_or_is_refused_never_hangs(spark, tmp_path):
+@pytest.mark.parametrize("horovod", ["hvdrunner.hvd_torch", pytest.param(
+    "horovod.tensorflow", marks=pytest.mark.keras)])  # fmt: skip
+def test_a_second_dataset_over_the_same_shards_reads_or_is_refused_never_hangs(
+    spark, tmp_path, horovod
+):  # fmt: skip
     # Streaming before 0.11 gives the ranks of a host different shared memory when an earlier
     # dataset over the folder is alive (its loaders then waited for each other forever on the
     # 15.4 replica); hvdrunner refuses that. Later versions read the second one as they should.
+    # Under the compiled horovod.tensorflow no torch group existed to compare the ranks
+    # through (the second dataset's read hung): hvdrunner starts one there.
     data = write_mds(spark.range(40).toDF("id"), str(tmp_path / "twice"))
-    got = HorovodRunner(np=-2).run(_two_datasets_alive, data=data)
+    got = HorovodRunner(np=-2).run(_two_datasets_alive, data=data, horovod=horovod)
     if Version(md.version("mosaicml-streaming")) < Version("0.11"):
         assert "another StreamingDataset over the same folder is alive" in got, got
     else:
@@ -279,6 +286,43 @@ def test_keras_fit_on_tensorflow_trains_from_mds_shards(spark, tmp_path):
                                      metrics=["accuracy"])  # fmt: skip
     assert result.steps_per_epoch == data.steps_per_epoch(32, num_ranks=2)
     assert result.history["accuracy"][-1] > 0.85
+
+
+def _workers_parents(data, with_tensorflow):
+    """The parent process of each DataLoader worker that decoded a batch, and this rank's pid."""
+    import numpy as np
+
+    from hvdrunner import hvd_torch as hvd
+    from hvdrunner.data.transform import TransformSpec
+
+    if with_tensorflow:
+        import tensorflow  # noqa: F401 - loaded, as in a Keras job on TensorFlow
+
+    hvd.init()
+    # Defined here: a worker the forkserver starts gets it by value (no module holds it).
+    parent = TransformSpec(lambda df: df.assign(parent=os.getppid()),
+                           edit_fields=[("parent", np.int64, (), False)])  # fmt: skip
+    feed = data.transformed(parent, "id", "parent").batches(4)
+    parents = {int(p) for _ in range(data.steps_per_epoch(4)) for p in next(feed)["parent"]}
+    feed.close()
+    return hvd.allgather_object((os.getpid(), sorted(parents)))
+
+
+@pytest.mark.keras
+@pytest.mark.parametrize("with_tensorflow", [True, False], ids=["tensorflow", "torch-only"])
+def test_loader_workers_start_from_the_forkserver_where_tensorflow_is_loaded(
+    spark, tmp_path, with_tensorflow
+):  # fmt: skip
+    """A process forked while TensorFlow's threads run can stop inside os.fork() for good: a
+    15.4 CI run of Keras fit from MDS shards hung when one rank's worker never started and the
+    others waited for it in Streaming's barrier (about 1 job in 25 under load, reproduced).
+    Where TensorFlow is loaded the workers come from the forkserver; elsewhere they are forked
+    from the rank (faster)."""
+    data = write_mds(spark.range(40).toDF("id"), str(tmp_path / "parents"))
+    for pid, parents in HorovodRunner(np=2).run(_workers_parents, data=data,
+                                                with_tensorflow=with_tensorflow):  # fmt: skip
+        assert len(parents) == 1, parents  # both workers of a rank from one parent
+        assert (parents[0] != pid) is with_tensorflow, (pid, parents)
 
 
 def test_the_python_thread_feed_passes_items_and_the_error_through_and_stops_when_left():

@@ -20,6 +20,7 @@ import gc
 import math
 import os
 import queue
+import sys
 import tempfile
 import threading
 from collections.abc import Callable, Iterator
@@ -55,6 +56,51 @@ def collate(
         else:
             batch[name] = np.asarray(values)
     return batch if spec is None else apply_transform(spec, batch)
+
+
+class _Portable:
+    """``fn``, sent to a DataLoader worker by value (cloudpickle): a worker the forkserver
+    starts unpickles it, and a transform defined in a notebook has no module to be found in."""
+
+    def __init__(self, fn: Callable[..., Any]) -> None:
+        self.fn = fn
+
+    def __call__(self, *args: Any) -> Any:
+        return self.fn(*args)
+
+    def __getstate__(self) -> bytes:
+        import cloudpickle
+
+        return cloudpickle.dumps(self.fn)
+
+    def __setstate__(self, blob: bytes) -> None:
+        import cloudpickle
+
+        self.fn = cloudpickle.loads(blob)
+
+
+#: What the forkserver imports once, so that each worker it forks starts at once.
+FORKSERVER_PRELOAD = ["torch", "streaming", "hvdrunner.streaming.handle"]
+
+
+def worker_context() -> Any:
+    """How this process starts DataLoader workers: ``None`` (fork, the fastest) unless
+    TensorFlow is loaded here, then the forkserver.
+
+    Why: a process forked while TensorFlow's threads run can stop inside ``os.fork()`` for
+    good, before any Python runs in it. Seen in Keras fit on TensorFlow from MDS shards (15.4
+    replica, about 1 job in 25 under load): one rank's worker never started, and the three
+    others waited for it in Streaming's barrier until the job's stall bound. The forkserver
+    is a process of its own with no TensorFlow in it (started once per rank, torch and
+    Streaming imported there), and it forks the workers.
+    """
+    if "tensorflow" not in sys.modules:
+        return None
+    import multiprocessing
+
+    context = multiprocessing.get_context("forkserver")
+    context.set_forkserver_preload(FORKSERVER_PRELOAD)
+    return context
 
 
 def _put(q: queue.Queue[Any], item: Any, stop: threading.Event) -> bool:
@@ -242,9 +288,12 @@ class MdsData:
                 "initial_physical_nodes": world.nodes(),
             })  # fmt: skip
         fn = functools.partial(collate, columns=self.columns, spec=self.transform)
+        if not self.workers:
+            return DataLoader(ds, batch_size=batch_size, collate_fn=fn)
         # Persistent workers: an epoch starts without forking and importing them again.
-        return DataLoader(ds, batch_size=batch_size, num_workers=self.workers, collate_fn=fn,
-                          persistent_workers=self.workers > 0)  # fmt: skip
+        return DataLoader(ds, batch_size=batch_size, num_workers=self.workers,
+                          collate_fn=_Portable(fn), persistent_workers=True,
+                          multiprocessing_context=worker_context())  # fmt: skip
 
     def batches(
         self, batch_size: int, *, shuffle: bool = True, seed: int = 0, first_epoch: int = 0,

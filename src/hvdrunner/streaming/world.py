@@ -16,7 +16,9 @@ Example:
 
 from __future__ import annotations
 
+import datetime
 import os
+import sys
 from typing import Any
 
 from hvdrunner import distributed
@@ -51,7 +53,8 @@ def problem(rank: int, size: int, local_rank: int, local_size: int, hosts: int) 
 
 def check() -> None:
     """Refuse a world Streaming would misread; set torch's variables from Horovod's where a
-    launcher set only those (Streaming reads no other).
+    launcher set only those (Streaming reads no other); start torch.distributed's group where
+    the compiled Horovod runs the job (:func:`_start_torch_group` says why).
 
     Raises:
         RuntimeError: ranks uneven over hosts or not numbered host by host, or a job of
@@ -78,6 +81,8 @@ def check() -> None:
             "to start from. Call hvd.init() (hvdrunner.hvd_torch) first, or run the function "
             "with HorovodRunner, which sets them."
         )
+    if size > 1 and not _torch_group() and _compiled_horovod():
+        _start_torch_group()
 
 
 def check_registration(prefix: int) -> None:
@@ -109,6 +114,44 @@ def check_registration(prefix: int) -> None:
                 f"loaders would wait for each other forever). Drop the earlier dataset (and "
                 f"its DataLoader) first, or use Streaming 0.11 or later."
             )
+
+
+#: How long a rank waits for the others in the group :func:`_start_torch_group` starts.
+MEET_TIMEOUT_S = 600.0
+
+
+def _compiled_horovod() -> bool:
+    """Whether this process's Horovod is the compiled one (``horovod.tensorflow`` or
+    ``horovod.torch``), which starts no ``torch.distributed`` group. hvdrunner's engine
+    starts one in ``hvd.init()``, from ``MASTER_PORT``: a group started here first would
+    take that port from it."""
+    return any(name in sys.modules for name in ("horovod.tensorflow", "horovod.torch"))
+
+
+def _start_torch_group() -> None:
+    """torch.distributed's default group (gloo), kept for this process's life, where the
+    compiled Horovod started none.
+
+    Why: with no group, Streaming starts one in each dataset's constructor and destroys it at
+    the end, so two datasets made one after another meet twice at ``MASTER_PORT``: two
+    processes that met there again at once failed in 3 tries of 3 (torch 2.3.1: one
+    "Connection reset by peer", the other waiting out its timeout, Streaming's 30 minutes).
+    And :func:`check_registration` compares the ranks through the group: without it, 15.4's
+    Streaming gave the ranks different shared memory in silence and their loaders waited.
+    """
+    import torch.distributed as dist
+
+    try:
+        dist.init_process_group(backend="gloo",
+                                timeout=datetime.timedelta(seconds=MEET_TIMEOUT_S))  # fmt: skip
+    except Exception as exc:  # noqa: BLE001 - raised again with the cause named
+        where = f"{os.environ.get('MASTER_ADDR')}:{os.environ.get('MASTER_PORT')}"
+        raise RuntimeError(
+            f"hvdrunner.streaming: rank {distributed.rank()} could not meet the other ranks "
+            f"through torch.distributed at {where} within {MEET_TIMEOUT_S:.0f} s ({exc}): "
+            f"every rank must make its dataset, and a rank that failed or makes none leaves "
+            f"the others waiting."
+        ) from exc
 
 
 def _torch_group() -> bool:
