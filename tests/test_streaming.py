@@ -305,7 +305,10 @@ def _workers_parents(data, with_tensorflow):
     feed = data.transformed(parent, "id", "parent").batches(4)
     parents = {int(p) for _ in range(data.steps_per_epoch(4)) for p in next(feed)["parent"]}
     feed.close()
-    return hvd.allgather_object((os.getpid(), sorted(parents)))
+    from multiprocessing import util
+
+    temp = util.get_temp_dir() if with_tensorflow else None  # made for the forkserver
+    return hvd.allgather_object((os.getpid(), sorted(parents), temp))
 
 
 @pytest.mark.keras
@@ -319,10 +322,12 @@ def test_loader_workers_start_from_the_forkserver_where_tensorflow_is_loaded(
     Where TensorFlow is loaded the workers come from the forkserver; elsewhere they are forked
     from the rank (faster)."""
     data = write_mds(spark.range(40).toDF("id"), str(tmp_path / "parents"))
-    for pid, parents in HorovodRunner(np=2).run(_workers_parents, data=data,
-                                                with_tensorflow=with_tensorflow):  # fmt: skip
+    for pid, parents, temp in HorovodRunner(np=2).run(_workers_parents, data=data,
+                                                      with_tensorflow=with_tensorflow):  # fmt: skip
         assert len(parents) == 1, parents  # both workers of a rank from one parent
         assert (parents[0] != pid) is with_tensorflow, (pid, parents)
+        # multiprocessing's folder (the forkserver's socket): gone with the rank.
+        assert temp is None or not os.path.exists(temp), os.listdir(temp)
 
 
 def test_the_python_thread_feed_passes_items_and_the_error_through_and_stops_when_left():

@@ -40,8 +40,9 @@ _LOCK = "supervisor.lock"
 
 
 def record(owner: str, patterns: Sequence[str]) -> bool:
-    """Ask for every path matching ``patterns`` to be removed when this rank ends, as long as
-    ``owner`` is still the file it is now. ``False`` outside a rank (nothing to do)."""
+    """Ask for every path matching ``patterns`` (a folder with what it holds) to be removed
+    when this rank ends, as long as ``owner`` is still the file it is now. ``False`` outside a
+    rank (nothing to do)."""
     folder = os.environ.get(RANK_DIR_ENV)
     if not folder or not os.path.isdir(folder):
         return False
@@ -71,7 +72,10 @@ def remove(folder: str) -> int:
         for pattern in group["patterns"]:
             for path in glob.glob(pattern):
                 try:
-                    os.unlink(path)
+                    if os.path.isdir(path) and not os.path.islink(path):
+                        shutil.rmtree(path)
+                    else:
+                        os.unlink(path)
                     removed += 1
                 except OSError:
                     pass  # removed by another rank of the same host first

@@ -100,7 +100,19 @@ def worker_context() -> Any:
 
     context = multiprocessing.get_context("forkserver")
     context.set_forkserver_preload(FORKSERVER_PRELOAD)
+    _remove_temp_dir_at_rank_end()
     return context
+
+
+@functools.cache
+def _remove_temp_dir_at_rank_end() -> None:
+    """multiprocessing's temporary folder (``pymp-*``, where the forkserver listens), removed
+    when the rank ends: Python removes it at exit, which a rank leaving with ``os._exit``
+    never reaches (every rank left one in the temporary folder)."""
+    from multiprocessing import util
+
+    folder = util.get_temp_dir()
+    leftovers.record(folder, [folder])
 
 
 def _put(q: queue.Queue[Any], item: Any, stop: threading.Event) -> bool:
