@@ -203,7 +203,7 @@ def _two_datasets_alive(data, horovod):
     """A second dataset over the same shards while the first is still held."""
     import importlib
 
-    hvd = importlib.import_module(horovod)  # the compiled horovod.tensorflow: no torch group
+    hvd = importlib.import_module(horovod)  # the engine, or the compiled horovod.tensorflow
     hvd.init()
     first = data.dataset(8)
     try:
@@ -290,6 +290,8 @@ def test_keras_fit_on_tensorflow_trains_from_mds_shards(spark, tmp_path):
 
 def _workers_parents(data, with_tensorflow):
     """The parent process of each DataLoader worker that decoded a batch, and this rank's pid."""
+    from multiprocessing import util
+
     import numpy as np
 
     from hvdrunner import hvd_torch as hvd
@@ -305,8 +307,6 @@ def _workers_parents(data, with_tensorflow):
     feed = data.transformed(parent, "id", "parent").batches(4)
     parents = {int(p) for _ in range(data.steps_per_epoch(4)) for p in next(feed)["parent"]}
     feed.close()
-    from multiprocessing import util
-
     temp = util.get_temp_dir() if with_tensorflow else None  # made for the forkserver
     return hvd.allgather_object((os.getpid(), sorted(parents), temp))
 

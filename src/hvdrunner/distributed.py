@@ -181,20 +181,25 @@ def shutdown() -> None:
     Example:
         >>> shutdown()  # outside a job: nothing to do
     """
-    for module in _initialized():
+    for module in initialized_horovods():
         module.shutdown()
 
 
-def _initialized() -> list[Any]:
+def initialized_horovods() -> list[Any]:
     """The Horovod framework modules this rank initialised; none is imported here, so a torch
-    job needs no TensorFlow (and a Keras job no torch)."""
+    job needs no TensorFlow (and a Keras job no torch).
+
+    Example:
+        >>> initialized_horovods()  # outside a job
+        []
+    """
     modules = (sys.modules.get(name) for name in _versions.HOROVOD_FRAMEWORKS)
     return [m for m in modules if m is not None and m.is_initialized()]
 
 
 def _initialized_horovod() -> Any:
     """The first Horovod framework module this rank initialised, or the error naming the fix."""
-    found = _initialized()
+    found = initialized_horovods()
     if found:
         return found[0]
     raise RuntimeError(

@@ -83,7 +83,7 @@ class _Portable:
 FORKSERVER_PRELOAD = ["torch", "streaming", "hvdrunner.streaming.handle"]
 
 
-def worker_context() -> Any:
+def _worker_context() -> Any:
     """How this process starts DataLoader workers: ``None`` (fork, the fastest) unless
     TensorFlow is loaded here, then the forkserver.
 
@@ -305,7 +305,7 @@ class MdsData:
         # Persistent workers: an epoch starts without forking and importing them again.
         return DataLoader(ds, batch_size=batch_size, num_workers=self.workers,
                           collate_fn=_Portable(fn), persistent_workers=True,
-                          multiprocessing_context=worker_context())  # fmt: skip
+                          multiprocessing_context=_worker_context())  # fmt: skip
 
     def batches(
         self, batch_size: int, *, shuffle: bool = True, seed: int = 0, first_epoch: int = 0,

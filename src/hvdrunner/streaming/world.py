@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import datetime
 import os
-import sys
 from typing import Any
 
 from hvdrunner import distributed
@@ -121,11 +120,11 @@ MEET_TIMEOUT_S = 600.0
 
 
 def _compiled_horovod() -> bool:
-    """Whether this process's Horovod is the compiled one (``horovod.tensorflow`` or
+    """Whether this rank initialised a compiled Horovod (``horovod.tensorflow`` or
     ``horovod.torch``), which starts no ``torch.distributed`` group. hvdrunner's engine
     starts one in ``hvd.init()``, from ``MASTER_PORT``: a group started here first would
     take that port from it."""
-    return any(name in sys.modules for name in ("horovod.tensorflow", "horovod.torch"))
+    return any(m.__name__.startswith("horovod.") for m in distributed.initialized_horovods())
 
 
 def _start_torch_group() -> None:
